@@ -1,0 +1,135 @@
+# Grid construction and input functions. The grid logic itself lives in energysweep.grid /
+# energysweep.config; this file only turns it into Snakemake patterns.
+import sys
+from pathlib import Path
+
+import pandas as pd
+from snakemake.utils import Paramspace
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+
+from energysweep import config as es_config
+from energysweep.envinfo import code_version
+from energysweep.grid import BACKENDS
+
+
+# Our own schema validation (defaults filled) names the key and the fix for every bad value,
+# before any job exists.
+es_config.validate_schema(config, Path(workflow.basedir) / "config" / "config.schema.yaml")
+es_config.check(
+    config,
+    base_dir=Path.cwd(),
+    use_conda="conda" in str(workflow.deployment_settings.deployment_method).lower(),
+)
+
+GRID = es_config.build_grid(config, Path.cwd())
+CONFIG_HASH = es_config.config_hash(config)
+CODE_VERSION = code_version(workflow.basedir)
+MODELS = {m["name"]: m for m in config["models"]}
+BATCH_SIZES = sorted(config["workload"]["batch_sizes"])
+REPS = list(range(config["workload"]["repetitions"]))
+
+JOBS = pd.DataFrame(
+    [j.wildcards() for j in GRID.jobs],
+    columns=["model", "backend", "scenario", "tp", "pp", "dp"],
+)
+PARAMS = Paramspace(JOBS)
+JOB_DIR = f"results/shards/{PARAMS.wildcard_pattern}"
+
+
+wildcard_constraints:
+    model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    backend="|".join(BACKENDS),
+    scenario=r"inference|training",
+    tp=r"\d+",
+    pp=r"\d+",
+    dp=r"\d+",
+
+
+def world_size(wildcards):
+    return int(wildcards.tp) * int(wildcards.pp) * int(wildcards.dp)
+
+
+def get_gpus(wildcards):
+    """GPUs a job needs on each node it spans (one per rank)."""
+    return min(world_size(wildcards), config["parallel"]["gpus_per_node"])
+
+
+def get_nodes(wildcards):
+    return -(-world_size(wildcards) // config["parallel"]["gpus_per_node"])
+
+
+def get_model_input(wildcards):
+    """The built tiny model is a rule output; a user checkpoint is read in place (params)."""
+    if MODELS[wildcards.model]["path"] == es_config.BUILTIN_TINY:
+        return {"model": f"resources/models/{wildcards.model}"}
+    return {}
+
+
+def get_tiny_spec(wildcards):
+    return MODELS[wildcards.model].get("spec", {})
+
+
+def get_model_dir(wildcards, input):
+    if "model" in input.keys():
+        return str(Path(input.model).resolve())
+    return str(es_config.resolve_model_path(MODELS[wildcards.model]["path"], Path.cwd()))
+
+
+def get_job_spec(wildcards):
+    """Everything a job's ranks need, as data (written to JSON, never through a shell)."""
+    return {
+        "job": {
+            "model": wildcards.model,
+            "backend": wildcards.backend,
+            "scenario": wildcards.scenario,
+            "tp": int(wildcards.tp),
+            "pp": int(wildcards.pp),
+            "dp": int(wildcards.dp),
+        },
+        "dtype": config["dtype"],
+        "seed": config["seed"],
+        "workload": config["workload"],
+        "measurement": config["measurement"],
+        "batch_sizes": BATCH_SIZES,
+        "model_entry": MODELS[wildcards.model],
+        "gpus_per_node": config["parallel"]["gpus_per_node"],
+    }
+
+
+def get_all_shards():
+    return expand(
+        f"results/shards/{{params}}/bs~{{bs}}/rep~{{rep}}.parquet",
+        params=PARAMS.instance_patterns,
+        bs=BATCH_SIZES,
+        rep=REPS,
+    )
+
+
+def get_all_job_records():
+    return expand("results/shards/{params}/job.json", params=PARAMS.instance_patterns)
+
+
+def get_final_outputs():
+    return [
+        "results/config.yaml",
+        "results/grid/jobs.tsv",
+        "results/grid/skipped.tsv",
+        "results/energy.parquet",
+        "results/summary.csv",
+        "results/plots/energy_per_token.png",
+    ]
+
+
+def get_mem_mb(wildcards, attempt):
+    """Host memory per job; a retry after an OOM kill asks for more."""
+    return config_mem_per_rank() * world_size(wildcards) * attempt
+
+
+def config_mem_per_rank():
+    return 2000
+
+
+def get_runtime(wildcards, attempt):
+    """Minutes; a retry after a timeout asks for more."""
+    return 30 * attempt

@@ -1,0 +1,28 @@
+# One job per layout: the model is loaded once and swept over batch sizes and repetitions.
+# Its GPU count comes from the layout (tp*pp*dp), so a scheduler allocates exactly that.
+
+
+rule measure:
+    input:
+        unpack(get_model_input),
+    output:
+        shards=expand(
+            f"{JOB_DIR}/bs~{{bs}}/rep~{{rep}}.parquet",
+            bs=BATCH_SIZES,
+            rep=REPS,
+            allow_missing=True,
+        ),
+        job=f"{JOB_DIR}/job.json",
+        generations=f"{JOB_DIR}/generations.parquet",
+    params:
+        spec=get_job_spec,
+        model_dir=get_model_dir,
+    log:
+        f"logs/measure/{PARAMS.wildcard_pattern}.log",
+    threads: world_size
+    resources:
+        gpu=get_gpus,
+        mem_mb=get_mem_mb,
+        runtime=get_runtime,
+    script:
+        "../scripts/measure.py"

@@ -1,0 +1,13 @@
+# The embedded default model: a tiny random Llama written as a normal HF checkpoint (no download).
+
+
+rule build_tiny_model:
+    output:
+        directory("resources/models/{model}"),
+    params:
+        spec=get_tiny_spec,
+    log:
+        "logs/build_model/{model}.log",
+    localrule: True
+    script:
+        "../scripts/build_model.py"

@@ -1,0 +1,15 @@
+"""Snakemake step: build the tiny random Llama checkpoint (no download)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
+
+from energysweep.tinymodel import DEFAULT_SPEC, build_tiny_model  # noqa: E402
+
+sm = snakemake  # noqa: F821
+with open(sm.log[0], "w") as log:
+    sys.stderr = sys.stdout = log
+    spec = {**DEFAULT_SPEC, **sm.params.spec}
+    print("building tiny model with spec", spec)
+    build_tiny_model(sm.output[0], spec)

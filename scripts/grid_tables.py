@@ -1,0 +1,18 @@
+"""Snakemake step: write the grid's jobs and the points left out (with their reason)."""
+
+import csv
+import sys
+
+sm = snakemake  # noqa: F821
+COLS = ["model", "backend", "scenario", "tp", "pp", "dp"]
+with open(sm.log[0], "w") as log:
+    sys.stderr = sys.stdout = log
+    for path, rows, cols in (
+        (sm.output.jobs, sm.params.jobs, COLS),
+        (sm.output.skipped, sm.params.skipped, [*COLS, "reason"]),
+    ):
+        with open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=cols, delimiter="\t", lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"{path}: {len(rows)} rows")

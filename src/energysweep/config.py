@@ -1,0 +1,182 @@
+"""Experiment config: schema validation with defaults, semantic checks, hashing.
+
+Everything here runs when the workflow loads, before any job is submitted, so a bad value is
+reported once, naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from energysweep.grid import BACKENDS, Grid, ModelDims, expand_grid
+
+BUILTIN_TINY = "builtin:tiny"
+# A checkpoint path may only hold these characters: it is passed on argv, never through a shell,
+# but we still refuse anything a shell or a Slurm script could misread.
+SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+~-]+$")
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message names the key and the fix."""
+
+
+def _key(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _validator(schema: dict):
+    import jsonschema
+
+    base = jsonschema.Draft7Validator
+    validate_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(prop, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
+
+
+def _describe(schema: dict, path) -> str:
+    node = schema
+    for part in path:
+        if isinstance(part, int):
+            node = node.get("items", {})
+        else:
+            node = node.get("properties", {}).get(part, node.get("additionalProperties", {}))
+        if not isinstance(node, dict):
+            return ""
+    return " ".join(str(node.get("description", "")).split())
+
+
+def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict:
+    """Validate ``config`` in place against the schema, filling defaults; raise ConfigError."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(_validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for err in errors:
+            key = _key(err.absolute_path)
+            if err.validator == "additionalProperties":
+                lines.append(f"config key {key}: {err.message} (remove or correct the key)")
+                continue
+            fix = _describe(schema, err.absolute_path)
+            lines.append(f"config key {key}: {err.message}." + (f" Expected: {fix}" if fix else ""))
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
+    return config
+
+
+def model_dims(entry: dict, base_dir: Path) -> ModelDims | None:
+    """Shape of a configured model, from its checkpoint's config.json, its spec, or `dims`."""
+    if entry["path"] == BUILTIN_TINY:
+        from energysweep.tinymodel import DEFAULT_SPEC
+
+        return ModelDims.from_hf_config({**DEFAULT_SPEC, **entry.get("spec", {})})
+    cfg_file = resolve_model_path(entry["path"], base_dir) / "config.json"
+    if cfg_file.is_file():
+        return ModelDims.from_hf_config(json.loads(cfg_file.read_text()))
+    if "dims" in entry:
+        return ModelDims(**entry["dims"])
+    return None
+
+
+def resolve_model_path(path: str, base_dir: Path) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base_dir / p)
+
+
+def check(config: dict, base_dir: str | Path = ".", use_conda: bool = False) -> None:
+    """Semantic checks the schema cannot express. Raises ConfigError naming key and fix."""
+    base_dir = Path(base_dir)
+    problems = []
+    names = [m["name"] for m in config["models"]]
+    for name in {n for n in names if names.count(n) > 1}:
+        problems.append(f"config key models: name {name!r} is used twice; model names must be unique")
+    for i, m in enumerate(config["models"]):
+        key = f"models[{i}]"
+        if m["path"] == BUILTIN_TINY:
+            continue
+        if "spec" in m:
+            problems.append(f"config key {key}.spec: only allowed with path: {BUILTIN_TINY}")
+        if not SAFE_PATH.match(m["path"]) or m["path"].startswith("-"):
+            problems.append(
+                f"config key {key}.path: {m['path']!r} has characters that are not allowed; use "
+                "letters, digits and . _ - / + ~ only (rename or symlink the checkpoint directory)"
+            )
+            continue
+        resolved = resolve_model_path(m["path"], base_dir)
+        if not (resolved / "config.json").is_file() and "dims" not in m:
+            problems.append(
+                f"config key {key}.path: no checkpoint (config.json) at {resolved}; give the "
+                f"directory of a Hugging Face checkpoint, use {BUILTIN_TINY}, or declare "
+                f"{key}.dims to validate a sweep for a model stored elsewhere"
+            )
+    wl = config["workload"]
+    if wl["prompts"] != "builtin":
+        p = resolve_model_path(wl["prompts"], base_dir)
+        if not SAFE_PATH.match(wl["prompts"]):
+            problems.append(
+                "config key workload.prompts: path has characters that are not allowed; use "
+                "letters, digits and . _ - / + ~ only"
+            )
+        elif not p.is_file():
+            problems.append(
+                f"config key workload.prompts: {p} is not a file; use `builtin` or a JSONL file"
+            )
+    if not use_conda:
+        import importlib.util
+
+        for b in config["backends"]:
+            module = BACKENDS[b]["module"]
+            if importlib.util.find_spec(module) is None:
+                problems.append(
+                    f"config key backends: backend {b!r} is not installed here (no module "
+                    f"{module!r}); {BACKENDS[b]['install_hint']}"
+                )
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
+    """The grid of jobs (and skipped points) a validated config describes."""
+    base_dir = Path(base_dir)
+    par = config["parallel"]
+    return expand_grid(
+        {m["name"]: model_dims(m, base_dir) for m in config["models"]},
+        config["backends"],
+        config["scenarios"],
+        par["tp"],
+        par["pp"],
+        par["dp"],
+        par["max_gpus_per_job"],
+    )
+
+
+def config_hash(config: dict) -> str:
+    """Stable short hash of the (validated, defaults-filled) config."""
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load(path: str | Path, use_conda: bool = False) -> dict:
+    """Load, validate and check a config file (the same steps the Snakefile takes)."""
+    path = Path(path)
+    config = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: the config must be a mapping of keys to values")
+    validate_schema(config)
+    check(config, Path.cwd(), use_conda=use_conda)
+    return config

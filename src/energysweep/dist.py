@@ -1,0 +1,174 @@
+"""Per-rank distributed setup and the process audit.
+
+The audit makes the "degree 2, one effective worker" bug impossible: every rank reports who it is,
+and rank 0 refuses to measure unless the processes it sees are exactly the layout's world.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass, field
+
+from energysweep.grid import ParallelLayout, RankCoords
+
+
+class LayoutMismatch(RuntimeError):
+    """The processes that started do not form the layout the job was created for."""
+
+
+@dataclass
+class RankContext:
+    """Everything a backend needs to know about the rank it runs on."""
+
+    layout: ParallelLayout
+    rank: int
+    local_rank: int
+    world_size: int
+    coords: RankCoords
+    device: str
+    host: str
+    pid: int
+    model_dir: str
+    dtype: str = "float32"
+    seed: int = 0
+    max_input_tokens: int = 64
+    mesh: object = None  # torch DeviceMesh with dims ("dp", "pp", "tp") when distributed
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def audit(self) -> dict:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "pid": self.pid,
+            "host": self.host,
+            "device": self.device,
+            "dp_rank": self.coords.dp_rank,
+            "pp_rank": self.coords.pp_rank,
+            "tp_rank": self.coords.tp_rank,
+            "is_writer": self.coords.is_writer,
+        }
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's environment; (0, 0, 1) without it."""
+    return (
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+    )
+
+
+def choose_device(requested: str, local_rank: int) -> str:
+    """``auto`` -> cuda:<local_rank> when CUDA works, else cpu; ``cuda`` without a GPU fails."""
+    import torch
+
+    if requested == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return f"cuda:{local_rank % count}"
+    if requested == "cuda":
+        raise RuntimeError(
+            "measurement.device is cuda but torch sees no CUDA device "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
+    return "cpu"
+
+
+def init(layout: ParallelLayout, device: str, timeout_s: float = 600) -> tuple[int, int, int]:
+    """Check the launcher started the layout's world, then start the process group.
+
+    Raises:
+        LayoutMismatch: WORLD_SIZE differs from tp*pp*dp (e.g. one process where two were asked).
+    """
+    rank, local_rank, world = env_world()
+    if world != layout.world_size:
+        raise LayoutMismatch(
+            f"layout {layout} expects world size {layout.world_size} but the launcher started "
+            f"world size {world} (WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}); refusing to measure"
+        )
+    if world > 1:
+        import torch.distributed as dist
+
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        kwargs = {"device_id": __import__("torch").device(device)} if backend == "nccl" else {}
+        dist.init_process_group(
+            backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
+        )
+    return rank, local_rank, world
+
+
+def make_context(layout: ParallelLayout, device: str, **kw) -> RankContext:
+    rank, local_rank, world = env_world()
+    ctx = RankContext(
+        layout=layout,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        coords=layout.coords(rank),
+        device=device,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        **kw,
+    )
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        ctx.mesh = init_device_mesh(
+            "cuda" if device.startswith("cuda") else "cpu",
+            (layout.dp, layout.pp, layout.tp),
+            mesh_dim_names=("dp", "pp", "tp"),
+        )
+    return ctx
+
+
+def gather(obj) -> list:
+    """all_gather_object, or ``[obj]`` outside a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def check_world(audits: list[dict], layout: ParallelLayout) -> None:
+    """Rank 0's check: distinct processes == layout world, ranks 0..N-1 each once, coords agree.
+
+    Raises:
+        LayoutMismatch: naming what the layout expects and what was observed.
+    """
+    procs = {(a["host"], a["pid"]) for a in audits}
+    ranks = sorted(a["rank"] for a in audits)
+    expected = layout.world_size
+    if len(procs) != expected or ranks != list(range(expected)):
+        raise LayoutMismatch(
+            f"layout {layout} expects {expected} distinct processes with ranks 0..{expected - 1}, "
+            f"observed {len(procs)} processes with ranks {ranks}"
+        )
+    for a in audits:
+        c = layout.coords(a["rank"])
+        if (a["dp_rank"], a["pp_rank"], a["tp_rank"]) != (c.dp_rank, c.pp_rank, c.tp_rank):
+            raise LayoutMismatch(f"rank {a['rank']} reports coords that disagree with {layout}")
+
+
+def destroy() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,124 @@
+"""The one Parquet schema for energy shards, the atomic writer, and the validating reader.
+
+A shard holds one measured window (or one failed grid point) of one job: one row per
+(rank, GPU) that took part. Nothing in a shard is 0 where nothing was measured: such values are
+null and the matching ``*_status`` column says why.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+
+# (name, type, nullable, description) — the README's schema table is generated from this list.
+COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
+    ("schema_version", pa.int16(), False, "version of this schema"),
+    ("job_id", pa.string(), False, "unique id of the job run (one model load, one layout)"),
+    ("config_hash", pa.string(), False, "sha256 prefix of the settings that determine this job"),
+    ("code_version", pa.string(), False, "energysweep version + git commit (+dirty)"),
+    ("model", pa.string(), False, "model name from the config"),
+    ("backend", pa.string(), False, "pytorch | vllm | tensorrt-llm"),
+    ("scenario", pa.string(), False, "inference | training"),
+    ("tp", pa.int16(), False, "tensor-parallel degree"),
+    ("pp", pa.int16(), False, "pipeline-parallel degree"),
+    ("dp", pa.int16(), False, "data-parallel degree"),
+    ("world_size", pa.int16(), False, "processes the layout expects (tp*pp*dp for torchrun)"),
+    ("launch_mode", pa.string(), False, "torchrun | direct | mpi"),
+    ("batch_size", pa.int32(), False, "per-replica batch size"),
+    ("global_batch_size", pa.int32(), False, "batch_size * dp"),
+    ("repetition", pa.int16(), False, "repetition index of this window"),
+    ("phase", pa.string(), False, "what the window ran: generate"),
+    ("status", pa.string(), False, "ok | oom | error"),
+    ("error", pa.string(), True, "error message when status != ok"),
+    ("window_start_ns", pa.int64(), True, "window start, ns since epoch (after sync + barrier)"),
+    ("window_end_ns", pa.int64(), True, "window end, ns since epoch (after sync + barrier)"),
+    ("iterations", pa.int32(), True, "measured iterations in the window"),
+    ("requests", pa.int64(), True, "prompts completed in the window, all replicas"),
+    ("input_tokens", pa.int64(), True, "prompt tokens (excluding padding) in the window, all replicas"),
+    ("output_tokens", pa.int64(), True, "generated tokens in the window, all replicas"),
+    ("rank", pa.int32(), False, "global rank that produced this row"),
+    ("local_rank", pa.int32(), False, "rank within its node"),
+    ("pid", pa.int64(), False, "process id of that rank"),
+    ("host", pa.string(), False, "hostname of that rank"),
+    ("device", pa.string(), False, "torch device the rank computed on (cpu, cuda:0)"),
+    ("dp_rank", pa.int16(), False, "replica index of that rank"),
+    ("pp_rank", pa.int16(), False, "pipeline stage of that rank"),
+    ("tp_rank", pa.int16(), False, "tensor-parallel index of that rank"),
+    ("is_writer", pa.bool_(), False, "whether that rank writes its replica's outputs"),
+    ("gpu_uuid", pa.string(), True, "GPU measured (UUID); null when no GPU energy was available"),
+    ("gpu_index", pa.int32(), True, "NVML index of that GPU"),
+    ("gpu_pci_bus_id", pa.string(), True, "PCI bus id of that GPU"),
+    ("gpu_name", pa.string(), True, "product name of that GPU"),
+    ("gpu_energy_mj", pa.float64(), True, "GPU energy over the window in mJ; null if not measured"),
+    ("gpu_energy_status", pa.string(), False, "measured | short-window | unavailable"),
+    ("gpu_energy_method", pa.string(), False, "how gpu_energy_mj was obtained"),
+    ("gpu_energy_detail", pa.string(), True, "why energy is unavailable or flagged"),
+    ("cpu_time_s", pa.float64(), True, "user+system CPU seconds of this rank's process in the window"),
+    ("slurm_job_id", pa.string(), True, "SLURM_JOB_ID, null outside Slurm"),
+    ("slurm_partition", pa.string(), True, "SLURM_JOB_PARTITION"),
+    ("slurm_nodelist", pa.string(), True, "SLURM_JOB_NODELIST"),
+    ("allocated_gpus", pa.string(), True, "GPUs the scheduler gave (CUDA_VISIBLE_DEVICES)"),
+]
+
+SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null, _ in COLUMNS])
+
+
+class ShardError(ValueError):
+    """A file that is not a valid shard."""
+
+
+def to_table(rows: list[dict]) -> pa.Table:
+    """Rows (dicts with every column) to a table of the shard schema; checks nullability."""
+    missing = [n for n in SCHEMA.names if rows and n not in rows[0]]
+    if missing:
+        raise ShardError(f"rows lack columns {missing}")
+    extra = set().union(*(r.keys() for r in rows)) - set(SCHEMA.names) if rows else set()
+    if extra:
+        raise ShardError(f"rows have columns not in the schema: {sorted(extra)}")
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    for field in SCHEMA:
+        if not field.nullable and table.column(field.name).null_count:
+            raise ShardError(f"column {field.name} may not be null")
+    return table
+
+
+def write_atomic(table: pa.Table, path: str | Path) -> None:
+    """Write ``table`` to ``path`` via a temp file in the same directory and a rename.
+
+    A killed writer leaves at most a ``.tmp-*`` file, which no reader globs or counts.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_shard(rows: list[dict], path: str | Path) -> None:
+    write_atomic(to_table(rows), path)
+
+
+def read_shard(path: str | Path) -> pa.Table:
+    """Read one shard and check it has exactly the shard schema."""
+    table = pq.read_table(path)
+    if not table.schema.equals(SCHEMA, check_metadata=False):
+        raise ShardError(f"{path}: schema differs from energysweep.shards.SCHEMA v{SCHEMA_VERSION}")
+    return table
+
+
+def markdown_table() -> str:
+    """The schema as a Markdown table (for the README)."""
+    lines = ["| column | type | nullable | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{n}` | {t} | {'yes' if null else 'no'} | {d} |" for n, t, null, d in COLUMNS]
+    return "\n".join(lines)

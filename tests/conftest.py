@@ -1,0 +1,57 @@
+"""Shared fixtures. Integration fixtures that start processes or daemons bound every wait."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """Install a fake pynvml (real constants/errors) wherever energysweep imports it."""
+    import fake_pynvml
+
+    def install(gpus, init_error=None):
+        mod = fake_pynvml.make_fake(gpus, init_error)
+        monkeypatch.setitem(sys.modules, "pynvml", mod)
+        import energysweep.energy.nvml as nvml
+
+        monkeypatch.setattr(nvml, "pynvml", mod)
+        return mod
+
+    return install
+
+
+@pytest.fixture
+def snakemake_exe() -> str:
+    exe = VENV_BIN / "snakemake"
+    return str(exe) if exe.exists() else shutil.which("snakemake")
+
+
+def workflow_copy(tmp_path: Path) -> Path:
+    """A copy of the workflow (not results) in tmp_path, so tests never touch the checkout's."""
+    dst = tmp_path / "wf"
+    dst.mkdir()
+    for name in ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src"):
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dst / name)
+    return dst
+
+
+def test_env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env

@@ -1,0 +1,155 @@
+"""A fake ``pynvml`` for machines without a GPU, built from the real module.
+
+Constants and error classes are the real module's (``pynvml.NVMLError(code)`` builds the real
+subclass); only the functions we call are replaced. ``tests/unit/test_fake_pynvml_contract.py``
+fails if a faked function disappears from, or changes its parameters in, the real pynvml.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import pynvml as real
+
+FAKED = [
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetCudaComputeCapability",
+]
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    pci_bus_id: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    energy_mj: int = 1_000_000
+    power_mw: int = 300_000
+    supports_energy: bool = True
+
+
+class _Handle:
+    def __init__(self, index: int):
+        self.index = index
+
+
+def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.ModuleType:
+    """A module object that behaves like pynvml for ``gpus`` (in PCI bus order, as NVML lists).
+
+    Args:
+        gpus: the devices; tests change ``gpu.energy_mj`` to move the counter.
+        init_error: an NVML_ERROR_* code that ``nvmlInit`` raises (e.g. LIBRARY_NOT_FOUND).
+    """
+    mod = types.ModuleType("pynvml")
+    for name in dir(real):
+        if name.startswith(("NVML", "NVMLError")) or name == "NVMLError":
+            setattr(mod, name, getattr(real, name))
+    state = {"init": 0}
+    mod.fake_gpus = gpus
+
+    def need_init():
+        if state["init"] <= 0:
+            raise real.NVMLError(real.NVML_ERROR_UNINITIALIZED)
+
+    def gpu(handle):
+        need_init()
+        if not isinstance(handle, _Handle) or not 0 <= handle.index < len(gpus):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return gpus[handle.index]
+
+    def nvmlInit():
+        if init_error is not None:
+            raise real.NVMLError(init_error)
+        state["init"] += 1
+
+    def nvmlShutdown():
+        need_init()
+        state["init"] -= 1
+
+    def nvmlDeviceGetCount():
+        need_init()
+        return len(gpus)
+
+    def nvmlDeviceGetHandleByIndex(index):
+        need_init()
+        if not 0 <= index < len(gpus):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return _Handle(index)
+
+    def nvmlDeviceGetHandleByUUID(uuid):
+        need_init()
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for i, g in enumerate(gpus):
+            if g.uuid == uuid:
+                return _Handle(i)
+        raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetTotalEnergyConsumption(handle):
+        g = gpu(handle)
+        if not g.supports_energy:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return g.energy_mj
+
+    def nvmlDeviceGetTemperature(handle, sensor):
+        gpu(handle)
+        return 40
+
+    def nvmlDeviceGetClockInfo(handle, type):  # noqa: A002 - real parameter name
+        gpu(handle)
+        return 1980
+
+    def nvmlDeviceGetMemoryInfo(handle, version=None):
+        gpu(handle)
+        return types.SimpleNamespace(total=80 * 2**30, free=80 * 2**30, used=0)
+
+    funcs = {
+        "nvmlInit": nvmlInit,
+        "nvmlShutdown": nvmlShutdown,
+        "nvmlDeviceGetCount": nvmlDeviceGetCount,
+        "nvmlDeviceGetHandleByIndex": nvmlDeviceGetHandleByIndex,
+        "nvmlDeviceGetHandleByUUID": nvmlDeviceGetHandleByUUID,
+        "nvmlDeviceGetUUID": lambda handle: gpu(handle).uuid,
+        "nvmlDeviceGetIndex": lambda handle: (gpu(handle), handle.index)[1],
+        "nvmlDeviceGetName": lambda handle: gpu(handle).name,
+        "nvmlDeviceGetPciInfo_v3": lambda handle: types.SimpleNamespace(
+            busId=gpu(handle).pci_bus_id
+        ),
+        "nvmlDeviceGetTotalEnergyConsumption": nvmlDeviceGetTotalEnergyConsumption,
+        "nvmlDeviceGetPowerUsage": lambda handle: gpu(handle).power_mw,
+        "nvmlSystemGetDriverVersion": lambda: (need_init(), "580.95.05")[1],
+        "nvmlDeviceGetMemoryInfo": nvmlDeviceGetMemoryInfo,
+        "nvmlDeviceGetPowerManagementLimit": lambda handle: (gpu(handle), 700_000)[1],
+        "nvmlDeviceGetClockInfo": nvmlDeviceGetClockInfo,
+        "nvmlDeviceGetTemperature": nvmlDeviceGetTemperature,
+        "nvmlDeviceGetCudaComputeCapability": lambda handle: (gpu(handle), (9, 0))[1],
+    }
+    assert sorted(funcs) == sorted(FAKED)
+    for name, fn in funcs.items():
+        setattr(mod, name, fn)
+    return mod
+
+
+def h100s(n: int) -> list[FakeGpu]:
+    """``n`` fake GPUs with distinct UUIDs and PCI bus ids (PCI order)."""
+    return [
+        FakeGpu(
+            uuid=f"GPU-{i:08x}-1111-2222-3333-{i:012x}",
+            pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+        )
+        for i in range(n)
+    ]

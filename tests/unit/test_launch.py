@@ -1,0 +1,51 @@
+import sys
+
+import pytest
+
+from energysweep.grid import ParallelLayout
+from energysweep.launch import build_argv, build_env, rendezvous_port
+
+
+def test_single_rank_runs_directly():
+    argv = build_argv(ParallelLayout(), "pytorch", "s.json", 8, python="py")
+    assert argv == ["py", "-m", "energysweep.run", "--spec", "s.json"]
+
+
+def test_one_node_torchrun_standalone():
+    argv = build_argv(ParallelLayout(tp=2, dp=2), "pytorch", "s.json", 8, python="py")
+    assert argv == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+        "-m", "energysweep.run", "--spec", "s.json",
+    ]
+
+
+def test_multi_node_one_torchrun_per_node_c10d_port_from_job_id():
+    argv = build_argv(
+        ParallelLayout(tp=8, pp=2, dp=2), "pytorch", "s.json", 16, python="py",
+        slurm_job_id="123456", head_node="dgx-01",
+    )
+    assert argv[:6] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1"]
+    i = argv.index("torch.distributed.run")
+    assert argv[i + 1 :] == [
+        "--nnodes", "2", "--nproc-per-node", "16", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"dgx-01:{rendezvous_port('123456')}", "--rdzv-id", "123456",
+        "-m", "energysweep.run", "--spec", "s.json",
+    ]
+    assert 15000 <= rendezvous_port(123456) < 30000
+    assert rendezvous_port(1) != rendezvous_port(2)
+
+
+def test_multi_node_needs_slurm():
+    with pytest.raises(ValueError, match="Slurm job id"):
+        build_argv(ParallelLayout(tp=16, dp=2), "pytorch", "s.json", 16)
+
+
+def test_env_pci_order_and_threads():
+    env = build_env(ParallelLayout(dp=2), base={"X": "1"}, threads=3)
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["OMP_NUM_THREADS"] == "3"
+    assert env["X"] == "1"
+
+
+def test_default_python_is_this_interpreter():
+    assert build_argv(ParallelLayout(), "pytorch", "s", 8)[0] == sys.executable

@@ -1,0 +1,108 @@
+import inspect
+
+import pynvml as real
+import pytest
+
+import fake_pynvml
+from energysweep import energy
+from energysweep.energy import nvml as es_nvml
+
+
+def test_fake_matches_real_api():
+    """Every faked function exists in the real pynvml with the same parameters."""
+    fake = fake_pynvml.make_fake(fake_pynvml.h100s(1))
+    for name in fake_pynvml.FAKED:
+        assert hasattr(real, name), f"pynvml.{name} no longer exists"
+        real_params = list(inspect.signature(getattr(real, name)).parameters)
+        fake_params = list(inspect.signature(getattr(fake, name)).parameters)
+        assert fake_params == real_params, f"{name}: fake {fake_params} != real {real_params}"
+    # Errors raised are the real classes.
+    err = real.NVMLError(real.NVML_ERROR_LIBRARY_NOT_FOUND)
+    assert type(err).__name__ == "NVMLError_LibraryNotFound"
+
+
+def test_everything_energysweep_calls_is_faked():
+    src = inspect.getsource(es_nvml) + inspect.getsource(__import__("energysweep.envinfo").envinfo)
+    import re
+
+    called = set(re.findall(r"pynvml\.(nvml[A-Za-z0-9_]+)\(", src))
+    assert called <= set(fake_pynvml.FAKED), called - set(fake_pynvml.FAKED)
+
+
+def test_energy_delta_by_uuid(fake_nvml):
+    mod = fake_nvml(fake_pynvml.h100s(2))
+    g1 = mod.fake_gpus[1]
+    src = es_nvml.NvmlSource([g1.uuid])
+    src.begin()
+    g1.energy_mj += 12_345
+    mod.fake_gpus[0].energy_mj += 99_999  # another GPU: not ours
+    src._start_ns -= 200_000_000  # a 200 ms window
+    (r,) = src.end()
+    assert (r.gpu_uuid, r.gpu_index, r.energy_mj, r.status) == (g1.uuid, 1, 12_345.0, "measured")
+    assert r.gpu_pci_bus_id == g1.pci_bus_id
+    src.close()
+
+
+def test_short_window_flagged(fake_nvml):
+    mod = fake_nvml(fake_pynvml.h100s(1))
+    src = es_nvml.NvmlSource([mod.fake_gpus[0].uuid])
+    src.begin()
+    (r,) = src.end()
+    assert r.status == energy.STATUS_SHORT_WINDOW
+    assert r.energy_mj == 0.0 and "update period" in r.detail
+
+
+def test_counter_backwards_is_an_error(fake_nvml):
+    mod = fake_nvml(fake_pynvml.h100s(1))
+    src = es_nvml.NvmlSource([mod.fake_gpus[0].uuid])
+    src.begin()
+    mod.fake_gpus[0].energy_mj -= 5
+    with pytest.raises(es_nvml.CounterWentBackwards):
+        src.end()
+
+
+def test_no_driver_is_unavailable_not_zero(fake_nvml):
+    fake_nvml(fake_pynvml.h100s(1), init_error=real.NVML_ERROR_LIBRARY_NOT_FOUND)
+    src = energy.make_source("auto", "cuda:0", ["GPU-x"])
+    (r,) = (src.begin(), src.end())[1]
+    assert r.energy_mj is None and r.status == "unavailable"
+    assert "NVMLError_LibraryNotFound" in r.detail
+    with pytest.raises(real.NVMLError):
+        energy.make_source("nvml", "cuda:0", ["GPU-x"])
+
+
+def test_cpu_rank_is_unavailable():
+    src = energy.make_source("auto", "cpu", [])
+    src.begin()
+    (r,) = src.end()
+    assert r.energy_mj is None and r.status == "unavailable" and "no GPU" in r.detail
+    with pytest.raises(RuntimeError, match="energy_source is nvml"):
+        energy.make_source("nvml", "cpu", [])
+
+
+@pytest.mark.parametrize(
+    "cvd, expect",
+    [
+        (None, [0, 1, 2, 3]),
+        ("0,1", [0, 1]),
+        ("3,1", [3, 1]),  # reordered: CUDA order follows the variable
+        ("", []),
+        ("2,-1,3", [2]),  # CUDA stops at the first invalid index
+    ],
+)
+def test_resolve_visible_indices(fake_nvml, cvd, expect):
+    mod = fake_nvml(fake_pynvml.h100s(4))
+    mod.nvmlInit()
+    uuids = [g.uuid for g in mod.fake_gpus]
+    assert es_nvml.resolve_visible_gpus(cvd) == [uuids[i] for i in expect]
+
+
+def test_resolve_visible_uuids_and_mig(fake_nvml):
+    mod = fake_nvml(fake_pynvml.h100s(4))
+    mod.nvmlInit()
+    uuids = [g.uuid for g in mod.fake_gpus]
+    assert es_nvml.resolve_visible_gpus(f"{uuids[2]},{uuids[0][:12]}") == [uuids[2], uuids[0]]
+    with pytest.raises(ValueError, match="MIG slices have no energy counter"):
+        es_nvml.resolve_visible_gpus("MIG-4f0e1b3c-aaaa-bbbb-cccc-000000000000")
+    with pytest.raises(ValueError, match="matches 4 GPUs"):
+        es_nvml.resolve_visible_gpus("GPU-")

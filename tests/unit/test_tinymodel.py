@@ -1,0 +1,202 @@
+"""The tiny random Llama: deterministic, atomic, and loadable like any checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from energysweep import tinymodel
+from energysweep.tinymodel import DEFAULT_SPEC, SPEC_FILE, build_tiny_model, main
+
+PROMPTS = ["Hello", "Why is the sky blue on a clear afternoon in summer?"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _files(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_default_spec_values():
+    assert DEFAULT_SPEC == {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        "seed": 0,
+    }
+
+
+def test_build_twice_is_byte_identical(tmp_path, model_dir):
+    again = build_tiny_model(tmp_path / "again")
+    first, second = _files(model_dir), _files(again)
+    assert {"model.safetensors", "tokenizer.json", "config.json", SPEC_FILE} <= set(first)
+    assert first["model.safetensors"] == second["model.safetensors"]
+    assert first["tokenizer.json"] == second["tokenizer.json"]
+    assert first == second
+
+
+def test_seed_changes_weights_only(tmp_path, model_dir):
+    other = build_tiny_model(tmp_path / "seed1", {"seed": 1})
+    assert (other / "model.safetensors").read_bytes() != (
+        model_dir / "model.safetensors"
+    ).read_bytes()
+    assert (other / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+
+
+def test_config_matches_spec(model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    cfg = model.config
+    assert cfg.model_type == "llama"
+    for key, value in DEFAULT_SPEC.items():
+        if key != "seed":
+            assert getattr(cfg, key) == value, key
+    assert json.loads((model_dir / SPEC_FILE).read_text()) == DEFAULT_SPEC
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_tokenizer_special_tokens(model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<s>", "</s>", "<pad>")
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 1, 2)
+    assert len({tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}) == 3
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert getattr(model.config, name) == getattr(tok, name)
+    assert tok.padding_side == "left"
+    assert len(tok) == DEFAULT_SPEC["vocab_size"]
+    ids = tok("Energy per token, in joules.")["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == "Energy per token, in joules."
+
+
+def test_generate_left_padded_is_deterministic(model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    batch = tok(PROMPTS, return_tensors="pt", padding=True)
+    # Left padding: the shorter prompt is padded at the front, so every row ends with a token.
+    assert batch["attention_mask"][0, 0] == 0 and batch["attention_mask"][:, -1].all()
+    assert batch["input_ids"][0, 0] == tok.pad_token_id
+
+    def run(m):
+        with torch.inference_mode():
+            out = m.generate(
+                **batch,
+                max_new_tokens=8,
+                min_new_tokens=8,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+        return out[:, batch["input_ids"].shape[1] :]
+
+    first, second = run(model), run(model)
+    assert first.shape == (2, 8)
+    assert torch.equal(first, second)
+    assert torch.equal(run(AutoModelForCausalLM.from_pretrained(model_dir).eval()), first)
+
+
+def test_does_not_disturb_global_rng(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_model(tmp_path / "m")
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_spec_overrides(tmp_path):
+    d = build_tiny_model(tmp_path / "m", {"num_hidden_layers": 2, "tie_word_embeddings": 1})
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2
+    assert cfg["tie_word_embeddings"] is True
+    assert json.loads((d / SPEC_FILE).read_text()) == {
+        **DEFAULT_SPEC,
+        "num_hidden_layers": 2,
+        "tie_word_embeddings": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"hidden_layers": 2}, "unknown keys"),
+        ({"hidden_size": 65}, "divisible by num_attention_heads"),
+        ({"num_key_value_heads": 3}, "divisible by num_key_value_heads"),
+        ({"vocab_size": 100}, "vocab_size must be >= 259"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers must be >= 1"),
+        ({"num_hidden_layers": True}, "must be int"),
+        ({"hidden_size": 64.0}, "must be int"),
+    ],
+)
+def test_bad_spec_is_rejected_before_writing(tmp_path, spec, message):
+    with pytest.raises(ValueError, match=message):
+        build_tiny_model(tmp_path / "m", spec)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    def half_write(tmp, spec):
+        (tmp / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tinymodel, "_write", half_write)
+    with pytest.raises(KeyboardInterrupt):
+        build_tiny_model(tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_rebuild_keeps_previous(tmp_path, monkeypatch):
+    d = build_tiny_model(tmp_path / "m")
+    before = _files(d)
+    monkeypatch.setattr(tinymodel, "_write", lambda tmp, spec: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        build_tiny_model(d)
+    assert _files(d) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def test_rebuild_replaces_and_cleans_up(tmp_path):
+    d = build_tiny_model(tmp_path / "m", {"num_hidden_layers": 1})
+    (d / "stale.txt").write_text("old")
+    build_tiny_model(d)
+    assert not (d / "stale.txt").exists()
+    assert json.loads((d / SPEC_FILE).read_text()) == DEFAULT_SPEC
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def test_files_are_not_private(model_dir):
+    # Ranks under another account or a cluster's shared filesystem must be able to read them.
+    for p in model_dir.iterdir():
+        assert p.stat().st_mode & 0o044 == (model_dir.stat().st_mode & 0o044), p.name
+
+
+def test_cli(tmp_path, capsys):
+    assert main([str(tmp_path / "m"), "--spec-json", '{"num_hidden_layers": 2}']) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize("spec_json", ["{not json", "[1, 2]", '{"bogus": 1}'])
+def test_cli_bad_spec(tmp_path, spec_json):
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "m"), "--spec-json", spec_json])
+    assert exc.value.code == 2
+    assert not (tmp_path / "m").exists()
+
+
+def test_module_import_is_cheap():
+    # Snakemake and config validation import this module for DEFAULT_SPEC alone.
+    code = "import sys, energysweep.tinymodel; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -16,6 +16,8 @@ rule record_config:
         code_version=CODE_VERSION,
     log:
         "logs/record_config.log",
+    conda:
+        "../envs/base.yaml"
     script:
         "../scripts/record_config.py"
 
@@ -29,6 +31,8 @@ rule grid_tables:
         skipped=GRID.skipped,
     log:
         "logs/grid_tables.log",
+    conda:
+        "../envs/base.yaml"
     script:
         "../scripts/grid_tables.py"
 
@@ -42,5 +46,7 @@ rule merge_shards:
         summary="results/summary.csv",
     log:
         "logs/merge_shards.log",
+    conda:
+        "../envs/base.yaml"
     script:
         "../scripts/aggregate.py"

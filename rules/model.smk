@@ -9,5 +9,7 @@ rule build_tiny_model:
     log:
         "logs/build_model/{model}.log",
     localrule: True
+    conda:
+        "../envs/base.yaml"
     script:
         "../scripts/build_model.py"

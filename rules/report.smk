@@ -16,5 +16,7 @@ rule plot_energy_per_token:
         ),
     log:
         "logs/plot_energy_per_token.log",
+    conda:
+        "../envs/base.yaml"
     script:
         "../scripts/plot.py"

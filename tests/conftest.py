@@ -40,7 +40,7 @@ def workflow_copy(tmp_path: Path) -> Path:
     """A copy of the workflow (not results) in tmp_path, so tests never touch the checkout's."""
     dst = tmp_path / "wf"
     dst.mkdir()
-    for name in ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src"):
+    for name in ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src", "envs"):
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -55,3 +55,6 @@ def test_env() -> dict:
     env["PYTHONPATH"] = str(ROOT / "src")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+test_env.__test__ = False  # a helper, not a test

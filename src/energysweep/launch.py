@@ -75,6 +75,9 @@ def build_env(layout: ParallelLayout, base: dict | None = None, threads: int | N
     # CUDA then numbers GPUs as NVML does; GPUs are still resolved by UUID for energy.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["PYTHONUNBUFFERED"] = "1"
+    # Ranks import this very package, also under a conda env where it is not installed.
+    src = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(max(1, threads))

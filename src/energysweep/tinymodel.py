@@ -69,9 +69,7 @@ def resolve_spec(spec: dict | None = None) -> dict:
             value = full[key] = bool(value)
         # bool is a subclass of int: keep the two apart so `True` is not a layer count.
         if type(value) is not want:
-            raise ValueError(
-                f"tiny model spec: {key} must be {want.__name__}, got {value!r}"
-            )
+            raise ValueError(f"tiny model spec: {key} must be {want.__name__}, got {value!r}")
         if want is int and key != "seed" and value < 1:
             raise ValueError(f"tiny model spec: {key} must be >= 1, got {value}")
     if full["seed"] < 0:

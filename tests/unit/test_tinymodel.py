@@ -197,6 +197,9 @@ def test_cli_bad_spec(tmp_path, spec_json):
 
 def test_module_import_is_cheap():
     # Snakemake and config validation import this module for DEFAULT_SPEC alone.
-    code = "import sys, energysweep.tinymodel; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = (
+        "import sys, energysweep.tinymodel;"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

@@ -1,4 +1,4 @@
-"""PyTorch / transformers backend: one process per rank under torchrun.
+"""PyTorch / transformers backend: one process per rank under torchrun, any tp x pp x dp layout.
 
 Interface every backend implements (see energysweep.run):
     encode(prompts) -> batch            left-padded, truncated to max_input_tokens
@@ -9,37 +9,54 @@ Interface every backend implements (see energysweep.run):
     synchronize()                       wait for the device (window edges)
     is_oom(exc) -> bool
     close()
+Also, for accuracy tests: prefill_logits(batch) -> Tensor[B, L, V] | None (on the writer).
+
+DP is the caller's: each replica gets its own prompts, and all ranks of one replica are called with
+the same batch. TP and PP live in :mod:`energysweep.backends.pt_parallel` (sharding plan, stage
+split, the greedy decode loop used for every layout).
 """
 
 from __future__ import annotations
 
 import torch
 
+from energysweep.backends import pt_parallel
 from energysweep.dist import RankContext
+from energysweep.grid import ModelDims
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class PyTorchBackend:
-    """A full model replica per rank (tp = pp = 1); greedy decoding with a fixed output length."""
+    """One rank's share of a model replica; greedy decoding with a fixed output length."""
 
     name = "pytorch"
 
     def __init__(self, ctx: RankContext):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
-        if ctx.layout.tp > 1 or ctx.layout.pp > 1:
-            raise NotImplementedError("tp>1 / pp>1 are not implemented in the pytorch backend yet")
+        layout, coords = ctx.layout, ctx.coords
         self.ctx = ctx
         self.device = torch.device(ctx.device)
+        config = AutoConfig.from_pretrained(ctx.model_dir)
+        reasons = layout.unrunnable_reasons(ModelDims.from_hf_config(config.to_dict()))
+        if reasons:
+            raise ValueError(f"layout {layout} cannot run {ctx.model_dir}: " + "; ".join(reasons))
         self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_dir)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(
-            ctx.model_dir, dtype=DTYPES[ctx.dtype]
-        ).to(self.device)
-        self.model.eval()
+        self.model = pt_parallel.load_stage_model(
+            ctx.model_dir,
+            DTYPES[ctx.dtype],
+            self.device,
+            layout.stage_layers(config.num_hidden_layers, coords.pp_rank),
+            first=coords.pp_rank == 0,
+            last=coords.pp_rank == layout.pp - 1,
+        )
+        if layout.tp > 1:
+            pt_parallel.apply_tensor_parallel(self.model, ctx.mesh["tp"])
+        self.runner = pt_parallel.StageRunner(self.model, layout, ctx.rank, ctx.mesh)
 
     def encode(self, prompts: list[str]) -> dict:
         enc = self.tokenizer(
@@ -55,17 +72,11 @@ class PyTorchBackend:
     def input_tokens(batch: dict) -> int:
         return int(batch["attention_mask"].sum())
 
-    @torch.inference_mode()
     def generate(self, batch: dict, max_new_tokens: int) -> list[list[int]] | None:
-        out = self.model.generate(
-            **batch,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )
-        new = out[:, batch["input_ids"].shape[1] :]
-        return new.tolist() if self.ctx.coords.is_writer else None
+        return self.runner.generate(batch, max_new_tokens)
+
+    def prefill_logits(self, batch: dict) -> torch.Tensor | None:
+        return self.runner.prefill_logits(batch)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -76,6 +87,7 @@ class PyTorchBackend:
         return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
     def close(self) -> None:
+        del self.runner
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

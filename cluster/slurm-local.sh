@@ -38,7 +38,8 @@ readonly BINARIES=(munged mungekey munge unmunge mariadbd mariadb mariadb-instal
     slurmctld slurmd sinfo squeue scontrol sacctmgr sacct sbatch scancel)
 # Start order; `down` stops in reverse.
 readonly DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
-readonly SLURM_DAEMONS=(slurmdbd slurmctld slurmd)
+# Set to 1 by every start_* that actually starts something (for the "already up" message).
+STARTED=0
 
 log() { printf 'slurm-local: %s\n' "$*" >&2; }
 die() {
@@ -62,7 +63,7 @@ EOF
 our_pid() {
     local name=$1 file="$STATE/$1.pid" pid comm
     [[ -s $file ]] || return 1
-    pid=$(tr -dc '0-9' <"$file")
+    pid=$(tr -dc '0-9' 2>/dev/null <"$file") || return 1
     [[ -n $pid ]] || return 1
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
     [[ $comm == "$name" ]] || return 1
@@ -243,6 +244,7 @@ start_munged() {
     install -d -o munge -g munge -m 700 /var/lib/munge /var/log/munge
     rm -f /run/munge/munged.pid
     log "starting munged"
+    STARTED=1
     setsid runuser -u munge -- munged </dev/null >>"$LOG_DIR/munged.out" 2>&1 ||
         { tail_log "$LOG_DIR/munged.out" /var/log/munge/munged.log; die "munged failed to start"; }
     wait_for "munged pid file" /var/log/munge/munged.log test -s /run/munge/munged.pid
@@ -266,6 +268,7 @@ start_mariadbd() {
                 { tail_log "$LOG_DIR/mariadb-install.log"; die "mariadb-install-db failed"; }
         fi
         log "starting MariaDB on 127.0.0.1:$DB_PORT"
+        STARTED=1
         # Small InnoDB sizes: the data directory may be on tmpfs and the machine is small.
         setsid mariadbd --no-defaults --user=mysql --datadir="$DB_DIR/data" \
             --socket="$DB_SOCKET" --pid-file="$DB_DIR/mariadbd.pid" \
@@ -294,23 +297,27 @@ start_slurm_daemon() {
     our_pid "$name" >/dev/null && return 0
     refuse_foreign "$name"
     log "starting $name"
+    STARTED=1
     setsid "$name" "$@" </dev/null >>"$LOG_DIR/$name.out" 2>&1 ||
         { tail_log "$LOG_DIR/$name.out" "$LOG_DIR/$name.log"; die "$name failed to start"; }
     wait_for "$name pid file" "$LOG_DIR/$name.log" our_pid "$name"
 }
 
-sacctmgr_lists() { sacctmgr -nP list "$@" 2>/dev/null; }
+sacctmgr_lists() { sacctmgr -nP list "$@" 2>/dev/null || true; }
 
+# Output is captured before grep so that `grep -q` cannot SIGPIPE sacctmgr under pipefail.
 register_cluster() {
-    sacctmgr_lists cluster format=cluster | grep -qx "$CLUSTER" ||
-        sacctmgr -i add cluster "$CLUSTER" >/dev/null
+    local clusters
+    clusters=$(sacctmgr_lists cluster format=cluster)
+    grep -qx "$CLUSTER" <<<"$clusters" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
 }
 
 register_account() {
-    sacctmgr_lists account format=account | grep -qx "$ACCOUNT" ||
+    local accounts user
+    accounts=$(sacctmgr_lists account format=account)
+    grep -qx "$ACCOUNT" <<<"$accounts" ||
         sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" \
             description="energysweep test jobs" organization=energysweep >/dev/null
-    local user
     user=$(id -un)
     [[ -n $(sacctmgr_lists assoc user="$user" account="$ACCOUNT" format=user) ]] ||
         sacctmgr -i add user "$user" account="$ACCOUNT" cluster="$CLUSTER" >/dev/null
@@ -318,7 +325,7 @@ register_account() {
 
 node_state() { sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n 1; }
 node_usable() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
-ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+ctld_up() { [[ $(scontrol ping 2>/dev/null) == *"is UP"* ]]; }
 
 # Resume the node while it reports a drained/down state (e.g. left over from a bad config).
 wait_node_idle() {
@@ -397,6 +404,10 @@ cmd_up() {
     start_slurm_daemon slurmd -N "$NODE"
     wait_node_idle
     register_account
+    if ((STARTED == 0)); then
+        log "already up: node $NODE $(node_state); state in $STATE"
+        return 0
+    fi
     log "up in $((SECONDS - start))s: node $NODE $(node_state); account '$ACCOUNT'; state in $STATE"
 }
 

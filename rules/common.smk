@@ -20,6 +20,8 @@ es_config.check(
     config,
     base_dir=Path.cwd(),
     use_conda="conda" in str(workflow.deployment_settings.deployment_method).lower(),
+    # A dry run executes nothing: an engine missing here is a warning, not an error.
+    dry_run=bool(getattr(workflow.output_settings, "dryrun", False)),
 )
 
 GRID = es_config.build_grid(config, Path.cwd())
@@ -50,13 +52,41 @@ def world_size(wildcards):
     return int(wildcards.tp) * int(wildcards.pp) * int(wildcards.dp)
 
 
-def get_gpus(wildcards):
-    """GPUs a job needs on each node it spans (one per rank)."""
-    return min(world_size(wildcards), config["parallel"]["gpus_per_node"])
-
-
 def get_nodes(wildcards):
+    """Nodes a layout spans: one GPU per rank, parallel.gpus_per_node per node."""
     return -(-world_size(wildcards) // config["parallel"]["gpus_per_node"])
+
+
+def multi_node(wildcards):
+    return get_nodes(wildcards) > 1
+
+
+def get_gpu(wildcards):
+    """Single node: the job's GPUs (sbatch --gpus=N). Multi-node jobs use gres instead."""
+    return None if multi_node(wildcards) else world_size(wildcards)
+
+
+def get_gres(wildcards):
+    """Multi-node: GPUs per node (sbatch --gres=gpu:G)."""
+    if not multi_node(wildcards):
+        return None
+    return f"gpu:{world_size(wildcards) // get_nodes(wildcards)}"
+
+
+def get_mpi(wildcards):
+    """Multi-node jobs are not wrapped in `srun -n1`: launch.py starts one torchrun per node."""
+    return "srun" if multi_node(wildcards) else None
+
+
+def get_tasks(wildcards):
+    """One task (one torchrun) per node for multi-node jobs; never set on single-node GPU
+    jobs, where the plugin would turn it into --ntasks-per-gpu (plugin issue #459)."""
+    return get_nodes(wildcards) if multi_node(wildcards) else None
+
+
+def get_tasks_per_gpu(wildcards):
+    """0 stops the plugin from deriving --ntasks-per-gpu from `tasks` on multi-node jobs."""
+    return 0 if multi_node(wildcards) else None
 
 
 def get_model_input(wildcards):
@@ -64,6 +94,11 @@ def get_model_input(wildcards):
     if MODELS[wildcards.model]["path"] == es_config.BUILTIN_TINY:
         return {"model": f"resources/models/{wildcards.model}"}
     return {}
+
+
+def get_conda_env(wildcards):
+    """The measure job's environment under --software-deployment-method conda: one per backend."""
+    return str(Path(workflow.basedir) / "envs" / f"{wildcards.backend}.yaml")
 
 
 def get_tiny_spec(wildcards):
@@ -121,15 +156,10 @@ def get_final_outputs():
     ]
 
 
+MEM_MB_PER_RANK = 2000  # host RAM one rank needs beyond its GPU (tokenizer, loader, buffers)
+
+
 def get_mem_mb(wildcards, attempt):
-    """Host memory per job; a retry after an OOM kill asks for more."""
-    return config_mem_per_rank() * world_size(wildcards) * attempt
-
-
-def config_mem_per_rank():
-    return 2000
-
-
-def get_runtime(wildcards, attempt):
-    """Minutes; a retry after a timeout asks for more."""
-    return 30 * attempt
+    """Host memory per node (sbatch --mem); a retry after an OOM kill asks for more."""
+    ranks_per_node = world_size(wildcards) // get_nodes(wildcards)
+    return MEM_MB_PER_RANK * ranks_per_node * attempt

@@ -20,9 +20,15 @@ rule measure:
     log:
         f"logs/measure/{PARAMS.wildcard_pattern}.log",
     threads: world_size
+    conda:
+        get_conda_env
     resources:
-        gpu=get_gpus,
+        gpu=get_gpu,
+        gres=get_gres,
+        nodes=get_nodes,
+        mpi=get_mpi,
+        tasks=get_tasks,
+        tasks_per_gpu=get_tasks_per_gpu,
         mem_mb=get_mem_mb,
-        runtime=get_runtime,
     script:
         "../scripts/measure.py"

@@ -30,6 +30,12 @@ FAKED = [
     "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetTemperature",
     "nvmlDeviceGetCudaComputeCapability",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlSystemGetCudaDriverVersion",
+    # Zeus calls these while it sets up its GPUs.
+    "nvmlDeviceGetArchitecture",
+    "nvmlDeviceGetC2cModeInfoV",
 ]
 
 
@@ -41,6 +47,7 @@ class FakeGpu:
     energy_mj: int = 1_000_000
     power_mw: int = 300_000
     supports_energy: bool = True
+    temperature_c: int = 40
 
 
 class _Handle:
@@ -106,8 +113,19 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         return g.energy_mj
 
     def nvmlDeviceGetTemperature(handle, sensor):
+        return gpu(handle).temperature_c
+
+    def nvmlDeviceGetMaxClockInfo(handle, type):  # noqa: A002 - real parameter name
         gpu(handle)
-        return 40
+        return 1980 if type == real.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetArchitecture(device):
+        gpu(device)
+        return real.NVML_DEVICE_ARCH_HOPPER
+
+    def nvmlDeviceGetC2cModeInfoV(handle):
+        gpu(handle)
+        raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)  # not a Grace Hopper superchip
 
     def nvmlDeviceGetClockInfo(handle, type):  # noqa: A002 - real parameter name
         gpu(handle)
@@ -137,6 +155,11 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         "nvmlDeviceGetClockInfo": nvmlDeviceGetClockInfo,
         "nvmlDeviceGetTemperature": nvmlDeviceGetTemperature,
         "nvmlDeviceGetCudaComputeCapability": lambda handle: (gpu(handle), (9, 0))[1],
+        "nvmlDeviceGetEnforcedPowerLimit": lambda handle: (gpu(handle), 700_000)[1],
+        "nvmlDeviceGetMaxClockInfo": nvmlDeviceGetMaxClockInfo,
+        "nvmlSystemGetCudaDriverVersion": lambda: (need_init(), 13000)[1],
+        "nvmlDeviceGetArchitecture": nvmlDeviceGetArchitecture,
+        "nvmlDeviceGetC2cModeInfoV": nvmlDeviceGetC2cModeInfoV,
     }
     assert sorted(funcs) == sorted(FAKED)
     for name, fn in funcs.items():

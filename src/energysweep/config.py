@@ -98,8 +98,15 @@ def resolve_model_path(path: str, base_dir: Path) -> Path:
     return p if p.is_absolute() else (base_dir / p)
 
 
-def check(config: dict, base_dir: str | Path = ".", use_conda: bool = False) -> None:
-    """Semantic checks the schema cannot express. Raises ConfigError naming key and fix."""
+def check(
+    config: dict, base_dir: str | Path = ".", use_conda: bool = False, dry_run: bool = False
+) -> None:
+    """Semantic checks the schema cannot express. Raises ConfigError naming key and fix.
+
+    A backend whose module is not importable here is an error unless its jobs run in their own
+    conda environment (``use_conda``); in a dry run (nothing is executed) it is only a warning, so
+    a cluster sweep can be dry-run on a machine without the engine.
+    """
     base_dir = Path(base_dir)
     problems = []
     names = [m["name"] for m in config["models"]]
@@ -138,14 +145,19 @@ def check(config: dict, base_dir: str | Path = ".", use_conda: bool = False) -> 
             )
     if not use_conda:
         import importlib.util
+        import sys
 
         for b in config["backends"]:
             module = BACKENDS[b]["module"]
             if importlib.util.find_spec(module) is None:
-                problems.append(
+                msg = (
                     f"config key backends: backend {b!r} is not installed here (no module "
                     f"{module!r}); {BACKENDS[b]['install_hint']}"
                 )
+                if dry_run:
+                    print(f"warning (dry run): {msg}", file=sys.stderr)
+                else:
+                    problems.append(msg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
@@ -162,6 +174,7 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         par["pp"],
         par["dp"],
         par["max_gpus_per_job"],
+        par["gpus_per_node"],
     )
 
 

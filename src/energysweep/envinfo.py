@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -12,12 +13,27 @@ from pathlib import Path
 from energysweep import __version__
 
 PACKAGES = [
-    "torch", "transformers", "accelerate", "vllm", "tensorrt_llm", "zeus", "nvidia-ml-py",
-    "snakemake", "snakemake-executor-plugin-slurm", "pyarrow", "numpy",
+    "torch",
+    "transformers",
+    "accelerate",
+    "vllm",
+    "tensorrt_llm",
+    "zeus",
+    "nvidia-ml-py",
+    "snakemake",
+    "snakemake-executor-plugin-slurm",
+    "pyarrow",
+    "numpy",
 ]
 SLURM_VARS = [
-    "SLURM_JOB_ID", "SLURM_JOB_PARTITION", "SLURM_JOB_NODELIST", "SLURM_NNODES",
-    "SLURM_GPUS_ON_NODE", "SLURM_STEP_GPUS", "SLURM_JOB_ACCOUNT", "SLURM_CPUS_PER_TASK",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_PARTITION",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NNODES",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_STEP_GPUS",
+    "SLURM_JOB_ACCOUNT",
+    "SLURM_CPUS_PER_TASK",
 ]
 
 
@@ -27,11 +43,17 @@ def code_version(repo: str | Path | None = None) -> str:
     try:
         commit = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return f"{__version__}+unknown"
@@ -62,8 +84,36 @@ def slurm_env() -> dict[str, str | None]:
     return {k: os.environ.get(k) for k in SLURM_VARS}
 
 
+# (key, pynvml function, pynvml constants passed after the handle, post-processing).
+GPU_QUERIES = [
+    ("index", "nvmlDeviceGetIndex", (), int),
+    ("name", "nvmlDeviceGetName", (), None),
+    ("pci_bus_id", "nvmlDeviceGetPciInfo_v3", (), lambda v: v.busId),
+    ("memory_total_bytes", "nvmlDeviceGetMemoryInfo", (), lambda v: int(v.total)),
+    ("power_limit_mw", "nvmlDeviceGetPowerManagementLimit", (), int),
+    ("enforced_power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit", (), int),
+    ("sm_clock_mhz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), int),
+    ("mem_clock_mhz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), int),
+    ("max_sm_clock_mhz", "nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_SM",), int),
+    ("max_mem_clock_mhz", "nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_MEM",), int),
+    ("temperature_c", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), int),
+    ("compute_capability", "nvmlDeviceGetCudaComputeCapability", (), list),
+]
+SYSTEM_QUERIES = [
+    ("driver", "nvmlSystemGetDriverVersion"),
+    ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion"),
+]
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def gpu_snapshot(uuids: list[str]) -> list[dict]:
-    """Per-GPU identity and state via NVML; empty when NVML is unavailable."""
+    """Per-GPU identity and state via NVML, by UUID; empty when NVML is unavailable.
+
+    A query a GPU does not support leaves that key ``None`` and adds ``<key>_error``.
+    """
     if not uuids:
         return []
     try:
@@ -74,28 +124,27 @@ def gpu_snapshot(uuids: list[str]) -> list[dict]:
         return []
     out = []
     try:
+        system = {}
+        for key, fn in SYSTEM_QUERIES:
+            try:
+                system[key] = _text(getattr(pynvml, fn)())
+            except Exception as exc:
+                system[key], system[f"{key}_error"] = None, type(exc).__name__
         for uuid in uuids:
-            h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            except Exception as exc:
+                out.append({"uuid": uuid, "error": type(exc).__name__, **system})
+                continue
             info = {"uuid": uuid}
-            for key, fn in {
-                "name": lambda: pynvml.nvmlDeviceGetName(h),
-                "pci_bus_id": lambda: pynvml.nvmlDeviceGetPciInfo_v3(h).busId,
-                "memory_total_bytes": lambda: pynvml.nvmlDeviceGetMemoryInfo(h).total,
-                "power_limit_mw": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h),
-                "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
-                    h, pynvml.NVML_TEMPERATURE_GPU
-                ),
-                "compute_capability": lambda: list(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-                "driver": pynvml.nvmlSystemGetDriverVersion,
-            }.items():
-                try:
-                    value = fn()
-                    info[key] = value.decode() if isinstance(value, bytes) else value
-                except Exception as exc:  # one unsupported query must not lose the rest
-                    info[key] = None
-                    info[f"{key}_error"] = type(exc).__name__
-            out.append(info)
+            for key, fn, consts, post in GPU_QUERIES:
+                try:  # one unsupported query must not lose the rest
+                    args = [getattr(pynvml, c) for c in consts]
+                    value = _text(getattr(pynvml, fn)(handle, *args))
+                    info[key] = post(value) if post else value
+                except Exception as exc:
+                    info[key], info[f"{key}_error"] = None, type(exc).__name__
+            out.append({**info, **system})
     finally:
         pynvml.nvmlShutdown()
     return out
@@ -124,3 +173,100 @@ def snapshot(gpu_uuids: list[str] | None = None) -> dict:
         "slurm": slurm_env(),
         "gpus": gpu_snapshot(gpu_uuids or []),
     }
+
+
+def git_commit(code_version_str: str | None) -> str | None:
+    """The commit in a :func:`code_version` string (``0.1.0+gabc123.dirty`` -> ``abc123``)."""
+    match = re.search(r"\+g([0-9a-f]+)", code_version_str or "")
+    return match.group(1) if match else None
+
+
+def job_environment(
+    rank_starts: list[dict],
+    rank_ends: list[dict],
+    job_id: str,
+    config_hash: str,
+    code_version_str: str,
+    seeds: dict,
+) -> dict:
+    """One job's environment from every rank's snapshots at the start and the end.
+
+    Args:
+        rank_starts: per rank ``{"rank", "host", "local_rank", "gpus": gpu_snapshot(...),
+            "host_info": snapshot() or None}`` (host_info from local rank 0 only).
+        rank_ends: per rank ``{"rank", "gpus": gpu_snapshot(...)}`` at the end (temperatures).
+        seeds: the seeds set for every RNG.
+    """
+    end_temp = {g["uuid"]: g.get("temperature_c") for r in rank_ends for g in r.get("gpus", [])}
+    gpus: dict[str, dict] = {}
+    for r in sorted(rank_starts, key=lambda r: r["rank"]):
+        for g in r.get("gpus", []):
+            entry = gpus.setdefault(g["uuid"], {**g, "host": r["host"], "ranks": []})
+            entry["ranks"].append(r["rank"])
+    for uuid, entry in gpus.items():
+        entry["temperature_start_c"] = entry.pop("temperature_c", None)
+        entry["temperature_end_c"] = end_temp.get(uuid)
+    hosts = [
+        r["host_info"] for r in sorted(rank_starts, key=lambda r: r["rank"]) if r.get("host_info")
+    ]
+    first = hosts[0] if hosts else {}
+    return {
+        "job_id": job_id,
+        "config_hash": config_hash,
+        "code_version": code_version_str,
+        "git_commit": git_commit(code_version_str),
+        "gpu_count": len(gpus),
+        "gpus": list(gpus.values()),
+        "hosts": hosts,
+        "host_count": len({r["host"] for r in rank_starts}),
+        "slurm": first.get("slurm", slurm_env()),
+        "seeds": seeds,
+    }
+
+
+def environment_rows(record: dict) -> list[dict]:
+    """A job's environment as flat rows, one per GPU (one row with null GPU fields if none)."""
+    env = record.get("environment") or {}
+    hosts = {h["host"]: h for h in env.get("hosts", [])}
+    slurm = env.get("slurm") or {}
+    base = {
+        "job_id": record.get("job_id"),
+        "config_hash": env.get("config_hash", record.get("config_hash")),
+        "code_version": env.get("code_version", record.get("code_version")),
+        "git_commit": env.get("git_commit"),
+        "gpu_count": env.get("gpu_count"),
+        "host_count": env.get("host_count"),
+        "slurm_job_id": slurm.get("SLURM_JOB_ID"),
+        "slurm_partition": slurm.get("SLURM_JOB_PARTITION"),
+        "slurm_nodelist": slurm.get("SLURM_JOB_NODELIST"),
+        "slurm_nnodes": slurm.get("SLURM_NNODES"),
+        "seed": (env.get("seeds") or {}).get("seed"),
+    }
+    gpus = env.get("gpus") or [{"host": next(iter(hosts), None)}]
+    rows = []
+    for g in gpus:
+        h = hosts.get(g.get("host"), {})
+        pk = h.get("packages", {})
+        rows.append(
+            {
+                **base,
+                "host": g.get("host"),
+                "cpu_model": h.get("cpu_model"),
+                "gpu_uuid": g.get("uuid"),
+                "gpu_index": g.get("index"),
+                "gpu_name": g.get("name"),
+                "gpu_pci_bus_id": g.get("pci_bus_id"),
+                "gpu_memory_total_bytes": g.get("memory_total_bytes"),
+                "gpu_power_limit_mw": g.get("power_limit_mw"),
+                "gpu_sm_clock_mhz": g.get("sm_clock_mhz"),
+                "gpu_max_sm_clock_mhz": g.get("max_sm_clock_mhz"),
+                "gpu_mem_clock_mhz": g.get("mem_clock_mhz"),
+                "gpu_temperature_start_c": g.get("temperature_start_c"),
+                "gpu_temperature_end_c": g.get("temperature_end_c"),
+                "driver": g.get("driver"),
+                "cuda_driver_version": g.get("cuda_driver_version"),
+                "torch_cuda": h.get("torch_cuda"),
+                **{f"{name.replace('-', '_')}_version": pk.get(name) for name in PACKAGES},
+            }
+        )
+    return rows

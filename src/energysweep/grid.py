@@ -10,15 +10,27 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass, field
 
-# What each backend can do, as data. ``launch`` says how a job becomes processes:
-#   torchrun: one process per rank (tp*pp*dp), we own the distributed setup;
-#   direct:   one launcher process per DP replica, the backend spawns its own GPU workers;
-#   mpi:      MPI ranks == tp*pp per replica (TensorRT-LLM multi-node).
+# How a job becomes processes. "Launchers" are the processes our code (energysweep.run) runs in,
+# which the process audit counts; "GPU workers" are the processes that compute on a GPU.
+LAUNCH_MODES: dict[str, str] = {
+    # launchers == GPU workers == tp*pp*dp: one rank per GPU (PyTorch; vLLM with
+    # distributed_executor_backend="external_launcher", each rank one vLLM worker in-process).
+    "torchrun": "one process per rank (tp*pp*dp), each computing on its own GPU",
+    # launchers == dp, GPU workers == tp*pp*dp: the engine spawns tp*pp workers per replica.
+    "direct": "one process per DP replica on its own tp*pp GPUs; the engine spawns the workers",
+    # launchers == 1, GPU workers == tp*pp: srun starts tp*pp MPI ranks over several nodes and our
+    # code runs in MPI rank 0 only (TensorRT-LLM trtllm-llmapi-launch); dp must be 1.
+    "mpi": "srun starts tp*pp MPI ranks on several nodes; our code runs in MPI rank 0 (dp == 1)",
+}
+
+# What each backend can do, as data. ``launch`` is the launch mode of a job that fits on one
+# node, ``launch_multi_node`` of one that does not (see LAUNCH_MODES and launch_mode()).
 BACKENDS: dict[str, dict] = {
     "pytorch": {
         "dims": {"tp", "pp", "dp"},
         "scenarios": {"inference", "training"},
         "launch": "torchrun",
+        "launch_multi_node": "torchrun",
         "needs_gpu": False,
         "module": "torch",
         "install_hint": "pip install -e . (torch is a base dependency)",
@@ -27,6 +39,7 @@ BACKENDS: dict[str, dict] = {
         "dims": {"tp", "pp", "dp"},
         "scenarios": {"inference"},
         "launch": "torchrun",
+        "launch_multi_node": "torchrun",
         "needs_gpu": True,
         "module": "vllm",
         "install_hint": "use envs/vllm.yaml (snakemake --software-deployment-method conda)",
@@ -35,6 +48,7 @@ BACKENDS: dict[str, dict] = {
         "dims": {"tp", "pp", "dp"},
         "scenarios": {"inference"},
         "launch": "direct",
+        "launch_multi_node": "mpi",
         "needs_gpu": True,
         "module": "tensorrt_llm",
         "install_hint": "use envs/tensorrt-llm.yaml (snakemake --software-deployment-method conda)",
@@ -196,6 +210,61 @@ def split_contiguous(n: int, parts: int, index: int) -> range:
     return range(start, start + floor + (1 if index < rem else 0))
 
 
+def launch_mode(backend: str, layout: ParallelLayout, gpus_per_node: int) -> str:
+    """The launch mode (a LAUNCH_MODES key) of ``backend`` for ``layout`` on nodes of that size."""
+    caps = BACKENDS[backend]
+    return caps["launch"] if layout.nodes(gpus_per_node) == 1 else caps["launch_multi_node"]
+
+
+def launch_unsupported(backend: str, layout: ParallelLayout, gpus_per_node: int) -> list[str]:
+    """Why ``backend`` cannot start ``layout`` on nodes of that size (empty list: it can)."""
+    mode = launch_mode(backend, layout, gpus_per_node)
+    if mode == "torchrun":
+        nodes = layout.nodes(gpus_per_node)
+        if layout.world_size % nodes:
+            return [f"{layout.world_size} ranks do not fill {nodes} nodes evenly"]
+        return []
+    if mode == "mpi":
+        reasons = []
+        if layout.dp > 1:
+            reasons.append(
+                f"{backend} runs a multi-node job as one replica (mpi launch); dp={layout.dp} "
+                f"needs tp*pp*dp={layout.world_size} <= gpus_per_node={gpus_per_node}"
+            )
+        nodes = layout.nodes(gpus_per_node)
+        if layout.ranks_per_replica % nodes:
+            reasons.append(f"{layout.ranks_per_replica} MPI ranks do not fill {nodes} nodes evenly")
+        return reasons
+    return []
+
+
+def expected_processes(backend: str, layout: ParallelLayout, gpus_per_node: int) -> tuple[int, int]:
+    """``(launchers, gpu_workers)`` a job of ``backend`` with ``layout`` must consist of.
+
+    Launchers are the processes energysweep.run runs in (what the process audit counts); GPU
+    workers are the processes computing on a GPU (one per GPU in every mode). A vLLM TP=4 job
+    (torchrun + external_launcher) has 4 launchers that are its 4 GPU workers; a TensorRT-LLM
+    TP=4 job (direct) has 1 launcher and 4 GPU workers spawned by the engine.
+    """
+    mode = launch_mode(backend, layout, gpus_per_node)
+    if mode == "torchrun":
+        return layout.world_size, layout.world_size
+    return layout.dp, layout.world_size
+
+
+def process_coords(mode: str, layout: ParallelLayout, rank: int) -> RankCoords:
+    """Coordinates of launcher process ``rank`` in a job of launch ``mode``.
+
+    Under torchrun a process is one rank of the layout; under direct and mpi it is a whole DP
+    replica (it holds tp_rank 0 of stage 0, and writes for its replica).
+    """
+    if mode == "torchrun":
+        return layout.coords(rank)
+    if not 0 <= rank < layout.dp:
+        raise ValueError(f"launcher {rank} outside the {layout.dp} replicas of {layout} ({mode})")
+    return RankCoords(rank, rank, 0, 0, True)
+
+
 @dataclass(frozen=True)
 class GridJob:
     """One job of the sweep: a model loaded once, swept over batch sizes and repetitions."""
@@ -232,11 +301,13 @@ def expand_grid(
     pp: list[int],
     dp: list[int],
     max_gpus_per_job: int,
+    gpus_per_node: int | None = None,
 ) -> Grid:
     """Cross product of the grid's dimensions, split into runnable jobs and skipped points.
 
     A point that can never run (tp not dividing heads, more ranks than a job may have, a backend
-    without that dimension or scenario) is not an error: it is returned in ``skipped`` with a reason.
+    without that dimension or scenario, a layout the backend cannot launch on nodes of
+    ``gpus_per_node`` GPUs) is not an error: it is returned in ``skipped`` with a reason.
     """
     grid = Grid()
     for (model, dims), backend, scenario, t, p, d in itertools.product(
@@ -254,6 +325,8 @@ def expand_grid(
             reasons.append(
                 f"tp*pp*dp={layout.world_size} exceeds parallel.max_gpus_per_job={max_gpus_per_job}"
             )
+        if gpus_per_node is not None:
+            reasons += launch_unsupported(backend, layout, gpus_per_node)
         reasons += layout.unrunnable_reasons(dims)
         job = GridJob(model, backend, scenario, layout)
         if reasons:

@@ -1,15 +1,23 @@
 """The per-rank entry point a measure job executes (``torchrun ... -m energysweep.run --spec F``).
 
 Flow on every rank: check the world against the layout, start the process group, audit the
-processes, load the backend once, then for each batch size: warm up, measure ``repetitions``
-windows, and let rank 0 write one shard per window. A failure at one batch size (OOM, error) is
-recorded as that point's status and the job goes on; a crash of the job fails it.
+processes, load the backend once. Then the :class:`JobMonitor` snapshots the environment, starts
+the power sampler and measures the idle baseline, and the :class:`Measurer`, for each batch size,
+warms up and measures ``repetitions`` x (cooldown, generate window, cooldown, prefill window);
+rank 0 writes one shard per repetition. A failure at one batch size (OOM, error) is recorded as
+that point's status and the job goes on; a crash of the job fails it.
+
+Window rule (docs/methodology.md): a window starts and ends after a device sync and a barrier
+across ranks; it repeats the batch until it lasts at least ``measurement.min_window_s`` *and*
+ran at least ``workload.iterations`` iterations. All ranks stop after the same iteration: the
+decision uses the shortest elapsed time over ranks, exchanged at chunk boundaries (usually once).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -17,8 +25,22 @@ import traceback
 from pathlib import Path
 
 from energysweep import dist, shards
-from energysweep.energy import CpuTime, GpuReading, make_source, wall_ns
+from energysweep.energy import (
+    STATUS_NOT_MEASURED,
+    STATUS_NOT_READ,
+    STATUS_UNAVAILABLE,
+    CpuTime,
+    GpuReading,
+    make_source,
+    wall_ns,
+)
 from energysweep.grid import BACKENDS, ParallelLayout
+
+PHASE_GENERATE = "generate"
+PHASE_PREFILL = "prefill"
+# Batches pre-encoded per point: prompts cycle with period n_prompts / gcd(n_prompts, global
+# batch); a long window reuses them (encoding never happens inside a window).
+MAX_ENCODED_BATCHES = 128
 
 
 def _gpu_uuids(device: str) -> list[str]:
@@ -31,7 +53,8 @@ def _gpu_uuids(device: str) -> list[str]:
     return [uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"]
 
 
-def _seed(seed: int) -> None:
+def _seed(seed: int) -> dict:
+    """Seed every RNG a rank uses; returns what was set (recorded in job.json)."""
     import random
 
     import numpy as np
@@ -39,7 +62,8 @@ def _seed(seed: int) -> None:
 
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return {"seed": seed, "python_random": seed, "numpy": seed, "torch": seed, "cuda": seed}
 
 
 def _prompt_indices(iteration: int, batch_size: int, dp: int, dp_rank: int, n_prompts: int):
@@ -49,8 +73,15 @@ def _prompt_indices(iteration: int, batch_size: int, dp: int, dp_rank: int, n_pr
     return [(start + j) % n_prompts for j in range(batch_size)]
 
 
-def _base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int) -> dict:
+def _base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int,
+              phase: str = PHASE_GENERATE) -> dict:
+    """Every column of a row that does not depend on the window's readings.
+
+    Job-level measurements (idle baseline, host energy, parameters) default to not-measured;
+    :class:`Measurer` fills them in.
+    """
     job = spec["job"]
+    not_measured = "not measured by this scenario"
     return {
         "schema_version": shards.SCHEMA_VERSION,
         "job_id": spec["job_id"],
@@ -67,12 +98,26 @@ def _base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int) -> dict:
         "batch_size": bs,
         "global_batch_size": bs * ctx.layout.dp,
         "repetition": rep,
-        "phase": "generate",
+        "phase": phase,
+        "min_window_s": float(spec["measurement"].get("min_window_s", 0.0)),
         **{k: v for k, v in ctx.audit().items() if k != "world_size"},
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_partition": os.environ.get("SLURM_JOB_PARTITION"),
         "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
         "allocated_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "idle_window_s": None,
+        "idle_gpu_power_w": None,
+        "idle_gpu_power_status": STATUS_NOT_MEASURED,
+        "host_energy_mj": None,
+        "host_dram_energy_mj": None,
+        "host_energy_status": STATUS_NOT_MEASURED,
+        "host_energy_detail": not_measured,
+        "idle_host_power_w": None,
+        "idle_host_power_status": STATUS_NOT_MEASURED,
+        "model_parameters": None,
+        "model_parameters_method": STATUS_UNAVAILABLE,
+        "flops_estimate": None,
+        "loss": None,
     }
 
 
@@ -86,6 +131,9 @@ def _reading_cols(r: GpuReading) -> dict:
         "gpu_energy_status": r.status,
         "gpu_energy_method": r.method,
         "gpu_energy_detail": r.detail or None,
+        "energy_source": r.source,
+        "gpu_energy_mj_zeus": r.energy_mj_zeus,
+        "gpu_energy_zeus_status": r.zeus_status,
     }
 
 
@@ -103,80 +151,265 @@ def _window_cols(status="ok", error=None, start=None, end=None, iters=None, req=
     }
 
 
+def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
+    return energy_mj / 1e3 / duration_s if energy_mj is not None and duration_s > 0 else None
+
+
+def _local_parameters(backend) -> int | None:
+    """Parameters this rank holds (local shards of DTensors), or None if the backend hides them."""
+    model = getattr(backend, "model", None)
+    if model is None or not hasattr(model, "parameters"):
+        return None
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel()
+    return total
+
+
+class JobMonitor:
+    """Job-level measurement on one rank: sources, environment, power timeline, idle baseline.
+
+    Owns the rank's GPU energy source (``measurement.energy_source``) and host source (RAPL on
+    local rank 0, ``measurement.host_energy_source``); the measurers read windows through them.
+    """
+
+    def __init__(self, spec: dict, ctx: dist.RankContext, clock=time.perf_counter,
+                 sleep=time.sleep):
+        from energysweep.energy.rapl import make_host_source
+        from energysweep.energy.sampler import PowerSampler
+
+        self.spec = spec
+        self.ctx = ctx
+        self.m = spec["measurement"]
+        self.clock = clock
+        self.sleep = sleep
+        self.gpu_uuids = _gpu_uuids(ctx.device)
+        self.energy = make_source(self.m["energy_source"], ctx.device, self.gpu_uuids)
+        self.host = make_host_source(self.m.get("host_energy_source", "auto"), ctx.local_rank)
+        self.sampler_hz = float(self.m.get("sampler_hz", 0))
+        self.sampler = PowerSampler(self.gpu_uuids, self.sampler_hz, spec["job_id"], ctx.rank,
+                                    ctx.host)
+        self.idle_window_s: float | None = None
+        # uuid -> (power W or None, status); None key: the status of GPU-less readings.
+        self.idle_gpu: dict[str | None, tuple[float | None, str]] = {}
+        self.idle_host: tuple[float | None, str] = (None, STATUS_NOT_MEASURED)
+        self.env_start: list[dict] = []
+        self.env_end: list[dict] = []
+
+    def _rank_snapshot(self, with_host: bool) -> dict:
+        from energysweep import envinfo
+
+        out = {"rank": self.ctx.rank, "host": self.ctx.host, "local_rank": self.ctx.local_rank,
+               "gpus": envinfo.gpu_snapshot(self.gpu_uuids)}
+        if with_host:
+            out["host_info"] = envinfo.snapshot() if self.ctx.local_rank == 0 else None
+        return out
+
+    def start(self, synchronize) -> None:
+        """Environment snapshot, power sampler, idle baseline (collective: every rank calls it)."""
+        self.env_start = dist.gather(self._rank_snapshot(with_host=True))
+        self.sampler.start()
+        self.measure_idle(synchronize)
+
+    def measure_idle(self, synchronize) -> None:
+        """Idle power of every GPU (and host) of this rank, before any window of the job."""
+        seconds = float(self.m.get("idle_baseline_s", 0))
+        if seconds <= 0:
+            self.idle_gpu = {None: (None, "skipped")}
+            self.idle_host = (None, "skipped")
+            return
+        nothing = not self.energy.available and not self.host.available
+        synchronize()
+        dist.barrier()
+        if nothing:  # no source could read it: do not spend the time
+            status = STATUS_UNAVAILABLE
+            self.idle_gpu = {None: (None, status)}
+            self.idle_host = (None, status if self.ctx.local_rank == 0 else STATUS_NOT_READ)
+            dist.barrier()
+            return
+        t0 = self.clock()
+        self.energy.begin()
+        self.host.begin()
+        self.sleep(seconds)
+        readings = self.energy.end()
+        host = self.host.end()
+        duration = self.clock() - t0
+        dist.barrier()
+        self.idle_window_s = duration
+        self.idle_gpu = {
+            r.gpu_uuid: (_power_w(r.energy_mj, duration), r.status) for r in readings
+        }
+        self.idle_gpu.setdefault(None, (None, readings[0].status if readings else "unavailable"))
+        self.idle_host = (_power_w(host.energy_mj, duration), host.status)
+
+    def job_cols(self, reading: GpuReading) -> dict:
+        """Idle-baseline columns of a row for ``reading``'s GPU."""
+        power, status = self.idle_gpu.get(reading.gpu_uuid, self.idle_gpu.get(None, (None, "")))
+        return {
+            "idle_window_s": self.idle_window_s,
+            "idle_gpu_power_w": power,
+            "idle_gpu_power_status": status or STATUS_UNAVAILABLE,
+            "idle_host_power_w": self.idle_host[0],
+            "idle_host_power_status": self.idle_host[1],
+        }
+
+    def finish(self) -> list[dict]:
+        """Stop the sampler and take the end snapshot (collective); returns this rank's samples."""
+        samples = self.sampler.stop()
+        self.env_end = dist.gather(self._rank_snapshot(with_host=False))
+        return samples
+
+    def close(self) -> None:
+        self.energy.close()
+        self.host.close()
+
+
 class Measurer:
     """Runs the windows of one job on one rank."""
 
-    def __init__(self, spec: dict, ctx: dist.RankContext, backend, prompts: list[str]):
+    def __init__(self, spec: dict, ctx: dist.RankContext, backend, prompts: list[str],
+                 monitor: JobMonitor):
         self.spec = spec
         self.ctx = ctx
         self.backend = backend
         self.prompts = prompts
         self.wl = spec["workload"]
-        self.energy = make_source(
-            spec["measurement"]["energy_source"], ctx.device, _gpu_uuids(ctx.device)
-        )
+        self.m = spec["measurement"]
+        self.monitor = monitor
+        self.energy = monitor.energy
+        self.host = monitor.host
+        self.clock = monitor.clock
+        self.sleep = monitor.sleep
+        self.min_window_s = float(self.m.get("min_window_s", 0.0))
         self.cpu = CpuTime()
         self.window_ns_total = 0
         self.generations: list[dict] = []
+        self.params, self.params_method = self._parameters()
 
-    def _batches(self, bs: int, n: int) -> list[tuple[list[int], dict]]:
+    def _parameters(self) -> tuple[int | None, str]:
+        """Parameters of one replica: loaded tensors summed over ranks / dp, else the config."""
+        counts = dist.gather(_local_parameters(self.backend))  # collective
+        if all(c is not None for c in counts):
+            return sum(counts) // self.ctx.layout.dp, "counted"
+        declared = (self.spec.get("model_entry") or {}).get("dims", {}).get("num_parameters")
+        if declared:
+            return int(declared), "config"
+        return None, STATUS_UNAVAILABLE
+
+    def _batches(self, bs: int) -> list[tuple[list[int], dict]]:
+        global_batch = bs * self.ctx.layout.dp
+        n = len(self.prompts)
+        cycle = n // math.gcd(n, global_batch)
+        count = min(max(cycle, 1), MAX_ENCODED_BATCHES)
         out = []
-        for it in range(n):
-            idx = _prompt_indices(it, bs, self.ctx.layout.dp, self.ctx.coords.dp_rank,
-                                  len(self.prompts))
+        for it in range(count):
+            idx = _prompt_indices(it, bs, self.ctx.layout.dp, self.ctx.coords.dp_rank, n)
             out.append((idx, self.backend.encode([self.prompts[i] for i in idx])))
         return out
 
-    def _run(self, batches, record: list | None):
-        n_new = self.wl["output_tokens"]
-        tin = tout = 0
-        for it, (idx, batch) in enumerate(batches):
-            gen = self.backend.generate(batch, n_new)
-            if gen is not None:
-                if any(len(g) != n_new for g in gen):
-                    raise RuntimeError(f"backend returned {[len(g) for g in gen]} tokens, not {n_new}")
-                tin += self.backend.input_tokens(batch)
-                tout += sum(len(g) for g in gen)
-                if record is not None:
-                    record += [{"iteration": it, "prompt_index": i, "token_ids": g}
-                               for i, g in zip(idx, gen)]
-        return tin, tout
+    def _generate(self, batch, n_new: int):
+        gen = self.backend.generate(batch, n_new)
+        if gen is not None and any(len(g) != n_new for g in gen):
+            raise RuntimeError(f"backend returned {[len(g) for g in gen]} tokens, not {n_new}")
+        return gen
+
+    def window(self, batches, n_new: int, record: list | None = None) -> dict:
+        """One measured window (see the module docstring for the rule)."""
+        min_iters = self.wl["iterations"]
+        self.backend.synchronize()
+        dist.barrier()
+        start = wall_ns()
+        t0 = self.clock()
+        self.energy.begin()
+        self.host.begin()
+        self.cpu.begin()
+        it = tin = tout = 0
+        target = min_iters
+        while True:
+            while it < target:
+                idx, batch = batches[it % len(batches)]
+                gen = self._generate(batch, n_new)
+                if gen is not None:
+                    tin += self.backend.input_tokens(batch)
+                    tout += sum(len(g) for g in gen)
+                    if record is not None and it < min_iters:
+                        record += [{"iteration": it, "prompt_index": i, "token_ids": g}
+                                   for i, g in zip(idx, gen, strict=True)]
+                it += 1
+            elapsed = min(dist.gather(self.clock() - t0))  # the same decision on every rank
+            if elapsed >= self.min_window_s:
+                break
+            per_iter = elapsed / it
+            more = (self.min_window_s - elapsed) / per_iter * 1.05 if per_iter > 0 else it
+            target = it + max(1, math.ceil(more))
+        self.backend.synchronize()
+        dist.barrier()
+        end = wall_ns()
+        readings = self.energy.end()
+        host = self.host.end()
+        cpu_s = self.cpu.end()
+        self.window_ns_total += end - start
+        return {"start": start, "end": end, "iterations": it, "tin": tin, "tout": tout,
+                "readings": readings, "host": host, "cpu_s": cpu_s}
+
+    def _rows(self, bs: int, rep: int, phase: str, w: dict) -> list[dict]:
+        base = _base_row(self.spec, self.ctx, bs, rep, phase)
+        win = _window_cols(start=w["start"], end=w["end"], iters=w["iterations"], tin=w["tin"],
+                           tout=w["tout"])
+        host = w["host"]
+        host_cols = {
+            "host_energy_mj": host.energy_mj,
+            "host_dram_energy_mj": host.dram_energy_mj,
+            "host_energy_status": host.status,
+            "host_energy_detail": host.detail or None,
+            "model_parameters": self.params,
+            "model_parameters_method": self.params_method,
+        }
+        return [
+            {**base, **win, **_reading_cols(r), **self.monitor.job_cols(r), **host_cols,
+             "cpu_time_s": w["cpu_s"]}
+            for r in w["readings"]
+        ]
+
+    def _failed_rows(self, bs: int, rep: int, status: str, msg: str) -> list[dict]:
+        fail = GpuReading(None, None, None, None, None, STATUS_UNAVAILABLE, "none",
+                          f"grid point failed ({status}); nothing measured")
+        phases = [PHASE_GENERATE] + ([PHASE_PREFILL] if self.m.get("prefill_pass") else [])
+        return [
+            {**_base_row(self.spec, self.ctx, bs, rep, phase),
+             **_window_cols(status=status, error=msg), **_reading_cols(fail),
+             **self.monitor.job_cols(fail),
+             "host_energy_status": STATUS_UNAVAILABLE,
+             "host_energy_detail": "grid point failed; nothing measured",
+             "model_parameters": self.params, "model_parameters_method": self.params_method,
+             "cpu_time_s": None}
+            for phase in phases
+        ]
 
     def point(self, bs: int) -> list[list[dict]]:
         """All windows of one batch size: a list (one per repetition) of this rank's rows."""
         reps = self.wl["repetitions"]
+        cooldown_s = float(self.m.get("cooldown_s", 0))
         windows: list[list[dict]] = []
         error = None
         try:
-            batches = self._batches(bs, max(self.wl["iterations"], self.wl["warmup_iterations"]))
-            self._run(batches[: self.wl["warmup_iterations"]], None)
+            batches = self._batches(bs)
+            for it in range(self.wl["warmup_iterations"]):
+                self._generate(batches[it % len(batches)][1], self.wl["output_tokens"])
             for rep in range(reps):
                 record = [] if rep == 0 else None
-                self.backend.synchronize()
-                dist.barrier()
-                start = wall_ns()
-                self.energy.begin()
-                self.cpu.begin()
-                tin, tout = self._run(batches[: self.wl["iterations"]], record)
-                self.backend.synchronize()
-                dist.barrier()
-                end = wall_ns()
-                readings = self.energy.end()
-                cpu_s = self.cpu.end()
-                self.window_ns_total += end - start
+                self.sleep(cooldown_s)
+                w = self.window(batches, self.wl["output_tokens"], record)
+                rows = self._rows(bs, rep, PHASE_GENERATE, w)
+                if self.m.get("prefill_pass"):
+                    self.sleep(cooldown_s)
+                    rows += self._rows(bs, rep, PHASE_PREFILL, self.window(batches, 1))
                 if record:
                     self.generations += [
                         {"batch_size": bs, "dp_rank": self.ctx.coords.dp_rank, **r} for r in record
                     ]
-                base = _base_row(self.spec, self.ctx, bs, rep)
-                windows.append(
-                    [
-                        {**base, **_window_cols(start=start, end=end,
-                                                iters=self.wl["iterations"], tin=tin, tout=tout),
-                         **_reading_cols(r), "cpu_time_s": cpu_s}
-                        for r in readings
-                    ]
-                )
+                windows.append(rows)
         except Exception as exc:  # recorded per point; the job continues with the next batch size
             status = "oom" if self.backend.is_oom(exc) else "error"
             error = (status, f"{type(exc).__name__}: {exc}")
@@ -186,41 +419,52 @@ class Measurer:
         if errors:
             status = "oom" if any(s == "oom" for s, _ in errors) else "error"
             msg = "; ".join(sorted({m for _, m in errors}))[:2000]
-            fail = GpuReading(None, None, None, None, None, "unavailable", "none",
-                              f"grid point failed ({status}); nothing measured")
-            windows = [
-                [{**_base_row(self.spec, self.ctx, bs, rep),
-                  **_window_cols(status=status, error=msg), **_reading_cols(fail),
-                  "cpu_time_s": None}]
-                for rep in range(reps)
-            ]
+            windows = [self._failed_rows(bs, rep, status, msg) for rep in range(reps)]
         return windows
+
+    def close(self) -> None:
+        pass
+
+
+def _sum_or_none(values) -> int | None:
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
 
 
 def _finalize_window(rows_by_rank: list[list[dict]]) -> list[dict]:
-    """Merge ranks' rows of one window; window totals are summed over writer ranks."""
+    """Merge ranks' rows of one repetition; per phase, window totals are summed over ranks.
+
+    Per-rank token counts are only non-zero on writers; the window total is their sum. The
+    FLOPs estimate is 2 * parameters * (input + output tokens) of the window (all GPUs).
+    """
     rows = [r for rank_rows in rows_by_rank for r in rank_rows]
-    ok = [r for r in rows if r["status"] == "ok"]
-    if ok:
-        # Per-rank token counts are only non-zero on writers; the window total is their sum.
+    for phase in sorted({r["phase"] for r in rows}):
+        phase_rows = [r for r in rows if r["phase"] == phase]
+        ok = [r for r in phase_rows if r["status"] == "ok"]
+        if not ok:
+            continue
         per_rank = {r["rank"]: (r["input_tokens"], r["output_tokens"]) for r in ok}
-        tin = sum(v[0] for v in per_rank.values())
-        tout = sum(v[1] for v in per_rank.values())
-        start = min(r["window_start_ns"] for r in ok)
-        end = max(r["window_end_ns"] for r in ok)
-        requests = ok[0]["global_batch_size"] * ok[0]["iterations"]
-        for r in rows:
-            r.update(input_tokens=tin, output_tokens=tout, window_start_ns=start,
-                     window_end_ns=end, requests=requests)
+        tin = _sum_or_none(v[0] for v in per_rank.values())
+        tout = _sum_or_none(v[1] for v in per_rank.values())
+        params = ok[0]["model_parameters"]
+        flops = None
+        if params is not None and phase in (PHASE_GENERATE, PHASE_PREFILL):
+            flops = 2.0 * params * ((tin or 0) + (tout or 0))
+        update = {
+            "input_tokens": tin,
+            "output_tokens": tout,
+            "window_start_ns": min(r["window_start_ns"] for r in ok),
+            "window_end_ns": max(r["window_end_ns"] for r in ok),
+            "requests": ok[0]["global_batch_size"] * ok[0]["iterations"],
+            "flops_estimate": flops,
+        }
+        for r in phase_rows:
+            r.update(update)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="job spec JSON written by energysweep.launch")
-    args = parser.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
-    t_start = time.time()
+def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
+    """Process group, rank context, audit of the world, seeds: (ctx, audits, seeds)."""
     job = spec["job"]
     layout = ParallelLayout(job["tp"], job["pp"], job["dp"])
     _, local_rank, _ = dist.env_world()
@@ -237,61 +481,96 @@ def main(argv: list[str] | None = None) -> int:
     )
     audits = dist.gather(ctx.audit())
     dist.check_world(audits, layout)
-    _seed(spec["seed"])
+    return ctx, audits, _seed(spec["seed"])
+
+
+def _write_generations(generations: list[list[dict]], path: str) -> None:
+    import pyarrow as pa
+
+    gens = sorted((g for rank_gens in generations for g in rank_gens),
+                  key=lambda g: (g["batch_size"], g["iteration"], g["prompt_index"]))
+    table = pa.Table.from_pylist(
+        gens,
+        schema=pa.schema([("batch_size", pa.int32()), ("dp_rank", pa.int16()),
+                          ("iteration", pa.int32()), ("prompt_index", pa.int32()),
+                          ("token_ids", pa.list_(pa.int32()))]),
+    )
+    shards.write_atomic(table, path)
+
+
+def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds: dict,
+                      timing: dict) -> None:
+    from energysweep.envinfo import job_environment
+
+    record = {
+        "job_id": spec["job_id"],
+        "job": spec["job"],
+        "config_hash": spec["config_hash"],
+        "code_version": spec["code_version"],
+        "launch_argv": spec.get("launch_argv"),
+        "processes": audits,
+        "environment": job_environment(monitor.env_start, monitor.env_end, spec["job_id"],
+                                       spec["config_hash"], spec["code_version"], seeds),
+        "measurement": spec["measurement"],
+        "seed": spec["seed"],
+        "timing": timing,
+    }
+    path = spec["outputs"]["job_json"]
+    tmp = Path(path).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def power_path(outputs: dict) -> Path:
+    """Where the job's power timeline goes: outputs["power"], else power.parquet by job.json."""
+    from energysweep.energy.sampler import FILENAME
+
+    return Path(outputs.get("power") or Path(outputs["job_json"]).with_name(FILENAME))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="job spec JSON written by energysweep.launch")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    t_start = time.time()
+    ctx, audits, seeds = _start_ranks(spec)
 
     from energysweep.backends import load_backend
+    from energysweep.energy.sampler import write_power
     from energysweep.prompts import load_prompts
 
     prompts = load_prompts(None if spec["workload"]["prompts"] == "builtin"
                            else spec["workload"]["prompts"])
     t_load = time.time()
-    backend = load_backend(job["backend"], ctx)
+    backend = load_backend(spec["job"]["backend"], ctx)
     load_s = time.time() - t_load
-    measurer = Measurer(spec, ctx, backend, prompts)
+    monitor = JobMonitor(spec, ctx)
+    measurer = Measurer(spec, ctx, backend, prompts, monitor)
+    monitor.start(backend.synchronize)
     outputs = spec["outputs"]
     for bs in spec["batch_sizes"]:
-        windows = measurer.point(bs)
-        for rep, rows in enumerate(windows):
+        for rep, rows in enumerate(measurer.point(bs)):
             gathered = dist.gather(rows)
             if ctx.rank == 0:
                 shards.write_shard(_finalize_window(gathered), outputs["shards"][str(bs)][rep])
+    samples = dist.gather(monitor.finish())
     generations = dist.gather(measurer.generations)
     window_ns = dist.gather(measurer.window_ns_total)
     if ctx.rank == 0:
-        import pyarrow as pa
-
-        gens = sorted((g for rank_gens in generations for g in rank_gens),
-                      key=lambda g: (g["batch_size"], g["iteration"], g["prompt_index"]))
-        table = pa.Table.from_pylist(
-            gens,
-            schema=pa.schema([("batch_size", pa.int32()), ("dp_rank", pa.int16()),
-                              ("iteration", pa.int32()), ("prompt_index", pa.int32()),
-                              ("token_ids", pa.list_(pa.int32()))]),
-        )
-        shards.write_atomic(table, outputs["generations"])
-        from energysweep.envinfo import snapshot
-
+        _write_generations(generations, outputs["generations"])
+        write_power([s for rank in samples for s in rank], power_path(outputs), monitor.sampler_hz)
         wall_s = time.time() - t_start
-        record = {
-            "job_id": spec["job_id"],
-            "job": job,
-            "config_hash": spec["config_hash"],
-            "code_version": spec["code_version"],
-            "launch_argv": spec.get("launch_argv"),
-            "processes": audits,
-            "environment": snapshot(_gpu_uuids(device)),
-            "seed": spec["seed"],
-            "timing": {
-                "rank0_wall_s": wall_s,
-                "model_load_s": load_s,
-                "window_s": window_ns[0] / 1e9,
-                "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
-            },
-        }
-        tmp = Path(outputs["job_json"]).with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=2, default=str))
-        os.replace(tmp, outputs["job_json"])
+        _write_job_record(spec, audits, monitor, seeds, {
+            "rank0_wall_s": wall_s,
+            "model_load_s": load_s,
+            "idle_baseline_s": monitor.idle_window_s,
+            "window_s": window_ns[0] / 1e9,
+            "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
+        })
     measurer.energy.close()
+    measurer.close()
+    monitor.close()
     backend.close()
     dist.barrier()
     dist.destroy()

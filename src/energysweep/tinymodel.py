@@ -198,6 +198,10 @@ def build_tiny_model(out_dir: str | Path, spec: dict | None = None) -> Path:
     version). The directory appears complete or not at all: it is written under a temporary
     sibling name and renamed into place; an existing `out_dir` is replaced.
 
+    The tokenizer learns at most about 3,800 tokens from its corpus; a larger `vocab_size` still
+    gives the model that many embedding rows (as real checkpoints pad theirs), so generated ids
+    may lie beyond the tokenizer's vocabulary.
+
     Args:
         out_dir: Checkpoint directory to create.
         spec: Overrides of DEFAULT_SPEC keys; None means the defaults.

@@ -1,9 +1,9 @@
 import inspect
 
+import fake_pynvml
 import pynvml as real
 import pytest
 
-import fake_pynvml
 from energysweep import energy
 from energysweep.energy import nvml as es_nvml
 
@@ -22,10 +22,16 @@ def test_fake_matches_real_api():
 
 
 def test_everything_energysweep_calls_is_faked():
-    src = inspect.getsource(es_nvml) + inspect.getsource(__import__("energysweep.envinfo").envinfo)
     import re
 
+    from energysweep import envinfo
+    from energysweep.energy import sampler, zeus
+
+    src = "".join(inspect.getsource(m) for m in (es_nvml, envinfo, sampler, zeus))
     called = set(re.findall(r"pynvml\.(nvml[A-Za-z0-9_]+)\(", src))
+    # envinfo calls its queries by name from tables.
+    called |= {fn for _, fn, *_ in envinfo.GPU_QUERIES + envinfo.SYSTEM_QUERIES}
+    assert len(called) > 15
     assert called <= set(fake_pynvml.FAKED), called - set(fake_pynvml.FAKED)
 
 
@@ -106,3 +112,51 @@ def test_resolve_visible_uuids_and_mig(fake_nvml):
         es_nvml.resolve_visible_gpus("MIG-4f0e1b3c-aaaa-bbbb-cccc-000000000000")
     with pytest.raises(ValueError, match="matches 4 GPUs"):
         es_nvml.resolve_visible_gpus("GPU-")
+
+
+def test_gpu_without_energy_counter(fake_nvml):
+    mod = fake_nvml(fake_pynvml.h100s(1))
+    mod.fake_gpus[0].supports_energy = False  # pre-Volta: no counter
+    src = energy.make_source("auto", "cuda:0", [mod.fake_gpus[0].uuid])
+    (r,) = (src.begin(), src.end())[1]
+    assert r.energy_mj is None and "NotSupported" in r.detail
+    with pytest.raises(real.NVMLError_NotSupported):
+        energy.make_source("nvml", "cuda:0", [mod.fake_gpus[0].uuid])
+
+
+def test_unknown_source_named():
+    with pytest.raises(ValueError, match="measurement.energy_source 'rapl'"):
+        energy.make_source("rapl", "cuda:0", ["GPU-x"])
+
+
+def test_gpu_snapshot_and_job_environment(fake_nvml):
+    from energysweep import envinfo
+
+    mod = fake_nvml(fake_pynvml.h100s(2))
+    g = mod.fake_gpus[1]
+    (snap,) = envinfo.gpu_snapshot([g.uuid])
+    assert snap["index"] == 1 and snap["pci_bus_id"] == g.pci_bus_id
+    assert snap["memory_total_bytes"] == 80 * 2**30 and snap["power_limit_mw"] == 700_000
+    assert snap["max_sm_clock_mhz"] == 1980 and snap["compute_capability"] == [9, 0]
+    assert snap["driver"] == "580.95.05" and snap["cuda_driver_version"] == 13000
+    assert not [k for k in snap if k.endswith("_error")]
+    g.temperature_c = 71
+    end = envinfo.gpu_snapshot([g.uuid])
+    # Two ranks on two nodes; rank 1 shares node0's GPU (counted once).
+    starts = [
+        {"rank": 0, "host": "node0", "local_rank": 0, "gpus": [snap],
+         "host_info": {"host": "node0", "packages": {"zeus": "0.16.0"}, "slurm": {}}},
+        {"rank": 1, "host": "node0", "local_rank": 1, "gpus": [snap], "host_info": None},
+        {"rank": 2, "host": "node1", "local_rank": 0, "gpus": [],
+         "host_info": {"host": "node1", "packages": {}, "slurm": {}}},
+    ]
+    env = envinfo.job_environment(starts, [{"rank": 0, "gpus": end}], "j1", "h",
+                                  "0.1.0+gabc123def456.dirty", {"seed": 0})
+    assert env["gpu_count"] == 1 and env["host_count"] == 2
+    (gpu,) = env["gpus"]
+    assert gpu["ranks"] == [0, 1] and gpu["host"] == "node0"
+    assert (gpu["temperature_start_c"], gpu["temperature_end_c"]) == (40, 71)
+    assert env["git_commit"] == "abc123def456"
+    (row,) = envinfo.environment_rows({"job_id": "j1", "environment": env})
+    assert row["gpu_uuid"] == g.uuid and row["zeus_version"] == "0.16.0"
+    assert row["gpu_temperature_end_c"] == 71 and row["seed"] == 0

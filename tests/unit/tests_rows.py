@@ -3,7 +3,7 @@
 
 def row(**over) -> dict:
     base = {
-        "schema_version": 1, "job_id": "j1", "config_hash": "h", "code_version": "0.1.0+gabc",
+        "schema_version": 2, "job_id": "j1", "config_hash": "h", "code_version": "0.1.0+gabc",
         "model": "tiny", "backend": "pytorch", "scenario": "inference",
         "tp": 1, "pp": 1, "dp": 1, "world_size": 1, "launch_mode": "torchrun",
         "batch_size": 4, "global_batch_size": 4, "repetition": 0, "phase": "generate",
@@ -17,6 +17,14 @@ def row(**over) -> dict:
         "gpu_energy_method": "nvml-total-energy-counter", "gpu_energy_detail": None,
         "cpu_time_s": 1.5, "slurm_job_id": None, "slurm_partition": None,
         "slurm_nodelist": None, "allocated_gpus": None,
+        # schema v2 (measurement integrity)
+        "min_window_s": 0.5, "energy_source": "nvml", "gpu_energy_mj_zeus": None,
+        "gpu_energy_zeus_status": "not-requested", "idle_window_s": 1.0,
+        "idle_gpu_power_w": None, "idle_gpu_power_status": "skipped",
+        "host_energy_mj": None, "host_dram_energy_mj": None, "host_energy_status": "unavailable",
+        "host_energy_detail": "RAPL not available", "idle_host_power_w": None,
+        "idle_host_power_status": "unavailable", "model_parameters": None,
+        "model_parameters_method": "unavailable", "flops_estimate": None, "loss": None,
     }
     base.update(over)
     return base

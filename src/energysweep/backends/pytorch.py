@@ -66,7 +66,9 @@ class PyTorchBackend:
             truncation=True,
             max_length=self.ctx.max_input_tokens,
         )
-        return {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        return {
+            k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")
+        }
 
     @staticmethod
     def input_tokens(batch: dict) -> int:

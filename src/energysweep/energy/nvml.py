@@ -42,7 +42,8 @@ def resolve_visible_gpus(cuda_visible_devices: str | None) -> list[str]:
             uses) or ``GPU-…`` UUIDs (a unique prefix is enough, as for CUDA).
 
     Raises:
-        ValueError: for MIG entries (a MIG slice has no energy counter) or entries that match no GPU.
+        ValueError: for MIG entries (a MIG slice has no energy counter) or entries that match
+            no GPU.
     """
     count = pynvml.nvmlDeviceGetCount()
     all_uuids = [
@@ -63,13 +64,17 @@ def resolve_visible_gpus(cuda_visible_devices: str | None) -> list[str]:
         if entry.startswith("GPU-"):
             matches = [u for u in all_uuids if u.startswith(entry)]
             if len(matches) != 1:
-                raise ValueError(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} GPUs")
+                raise ValueError(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} GPUs"
+                )
             out.append(matches[0])
             continue
         try:
             idx = int(entry)
         except ValueError:
-            raise ValueError(f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a UUID")
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a UUID"
+            ) from None
         if idx < 0:
             break  # CUDA stops at the first invalid index
         if idx >= count:
@@ -98,6 +103,8 @@ class NvmlSource(EnergySource):
                     "handle": handle,
                 }
             )
+        # A GPU without the counter (pre-Volta) fails here, at setup, not in the first window.
+        self._read()
         self._start = None
         self._start_ns = None
 
@@ -112,7 +119,7 @@ class NvmlSource(EnergySource):
         stop = self._read()
         duration = wall_ns() - self._start_ns
         readings = []
-        for g, a, b in zip(self._gpus, self._start, stop):
+        for g, a, b in zip(self._gpus, self._start, stop, strict=True):
             if b < a:
                 raise CounterWentBackwards(
                     f"NVML energy counter of {g['uuid']} went from {a} to {b} mJ inside a window "
@@ -129,6 +136,7 @@ class NvmlSource(EnergySource):
                     STATUS_SHORT_WINDOW if short else STATUS_MEASURED,
                     METHOD,
                     f"window {duration / 1e6:.1f} ms < counter update period" if short else "",
+                    source=self.name,
                 )
             )
         return readings

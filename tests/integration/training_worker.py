@@ -1,0 +1,103 @@
+"""Per-rank worker for test_training.py, run under real torchrun (or alone for the reference).
+
+Trains several layouts of one world size in one launch (start-up dominates a torchrun here) with
+the production code of :mod:`energysweep.training`: for each layout, a fresh copy of the
+checkpoint trains ``--steps`` optimizer steps at per-replica batch ``--global-batch / dp``. Rank 0
+writes ``OUT/<layout>/losses.json`` (per-step global-batch losses); every rank holding a stage's
+full parameters (tp rank 0 of each stage of replica 0) writes ``OUT/<layout>/params-pp<s>.pt``.
+
+``--mistake accelerate-no-cpu`` reproduces the silent single-process trap: it replaces
+``training.make_accelerator`` by a plain ``Accelerator()`` (no ``cpu=True``) and builds the
+TrainingMeasurer exactly as run.main does; the audit must fail the job.
+
+Usage: torchrun --standalone --nproc-per-node N training_worker.py --model-dir D --out OUT
+           --layouts tp1-pp1-dp2,tp2-pp1-dp1 [--global-batch 4] [--steps 3] [--mistake ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from energysweep import dist, training
+from energysweep.grid import ParallelLayout
+
+
+def parse_layout(text: str) -> ParallelLayout:
+    """``tp2-pp1-dp2`` (the layout's str) -> ParallelLayout."""
+    parts = dict((p[:2], int(p[2:])) for p in text.split("-"))
+    return ParallelLayout(parts["tp"], parts["pp"], parts["dp"])
+
+
+def train_cfg(args) -> dict:
+    return {"steps": args.steps, "warmup_steps": 0, "seq_len": args.seq_len, "data": args.data,
+            "optimizer": args.optimizer, "lr": args.lr, "microbatches": args.microbatches}
+
+
+def spec_for(args, layout: ParallelLayout) -> dict:
+    """The slice of a job spec TrainingMeasurer reads (as rules/common.smk builds it)."""
+    return {
+        "job": {"model": "tiny", "backend": "pytorch", "scenario": "training",
+                "tp": layout.tp, "pp": layout.pp, "dp": layout.dp},
+        "job_id": "worker", "config_hash": "h", "code_version": "test",
+        "seed": 0, "dtype": "float32", "model_dir": args.model_dir,
+        "workload": {"repetitions": 1}, "measurement": {"energy_source": "auto", "device": "cpu"},
+        "training": train_cfg(args),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--layouts", required=True)
+    parser.add_argument("--global-batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--data", default="prompts")
+    parser.add_argument("--optimizer", default="adamw")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--microbatches", type=int, default=2)
+    parser.add_argument("--mistake", choices=["accelerate-no-cpu"])
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from energysweep.prompts import load_prompts
+
+    prompts = load_prompts()
+    layouts = [parse_layout(t) for t in args.layouts.split(",")]
+    dist.init(layouts[0], "cpu")
+    if args.mistake == "accelerate-no-cpu":
+        from accelerate import Accelerator
+
+        training.make_accelerator = lambda device: Accelerator()  # the documented mistake
+    for layout in layouts:
+        ctx = dist.make_context(layout, "cpu", model_dir=args.model_dir, seed=0)
+        dist.check_world(dist.gather(ctx.audit()), layout)
+        measurer = training.TrainingMeasurer(spec_for(args, layout), ctx, prompts)
+        bs = args.global_batch // layout.dp
+        trainer = training.make_trainer(ctx, measurer.cfg, bs, measurer.samples, args.steps,
+                                        measurer.accelerator)
+        for _ in range(args.steps):
+            trainer.step()
+        losses = trainer.take_losses()
+        params = trainer.full_parameters()  # collective over TP: every rank calls it
+        out = Path(args.out) / str(layout)
+        out.mkdir(parents=True, exist_ok=True)
+        if ctx.rank == 0:
+            (out / "losses.json").write_text(json.dumps(losses))
+        c = ctx.coords
+        if c.dp_rank == 0 and c.tp_rank == 0:
+            torch.save(params, out / f"params-pp{c.pp_rank}.pt")
+        trainer.close()
+        measurer.close()
+        dist.barrier()
+    dist.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

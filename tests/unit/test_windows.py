@@ -1,0 +1,260 @@
+"""The window loop, idle baseline, prefill pass and cooldown of energysweep.run, on one rank.
+
+The hardware boundary is faked (fake pynvml, a fake backend whose work advances a fake clock and
+the fake GPU's energy counter); the Measurer, JobMonitor and NVML source run for real.
+"""
+
+from __future__ import annotations
+
+import fake_pynvml
+import pytest
+import torch
+
+from energysweep import dist, run, shards
+from energysweep.energy import nvml as es_nvml
+from energysweep.grid import ParallelLayout
+
+GEN_S_PER_TOKEN = 0.01  # fake time per generated token (one iteration of a batch)
+GPU_BUSY_W = 400.0
+GPU_IDLE_W = 60.0
+
+
+class Clock:
+    """Fake time: advanced by sleeps and by the backend's work; moves the GPU energy counter."""
+
+    def __init__(self, gpu: fake_pynvml.FakeGpu | None):
+        self.t = 0.0
+        self.gpu = gpu
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float, watts: float) -> None:
+        self.t += seconds
+        if self.gpu is not None:
+            self.gpu.energy_mj += round(seconds * watts * 1e3)
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.advance(seconds, GPU_IDLE_W)
+
+
+class FakeBackend:
+    """The backend interface (encode/input_tokens/generate/synchronize/is_oom/close)."""
+
+    def __init__(self, clock: Clock, fail: Exception | None = None):
+        self.clock = clock
+        self.fail = fail
+        self.calls: list[tuple[int, int]] = []  # (batch size, new tokens)
+        self.model = torch.nn.Linear(4, 4)  # 20 parameters
+
+    def encode(self, prompts):
+        return {"n": len(prompts)}
+
+    def input_tokens(self, batch):
+        return 10 * batch["n"]
+
+    def generate(self, batch, n):
+        if self.fail is not None:
+            raise self.fail
+        self.calls.append((batch["n"], n))
+        self.clock.advance(GEN_S_PER_TOKEN * n, GPU_BUSY_W)
+        return [[7] * n for _ in range(batch["n"])]
+
+    def synchronize(self):
+        pass
+
+    def is_oom(self, exc):
+        return "out of memory" in str(exc)
+
+    def close(self):
+        pass
+
+
+def spec(**measurement) -> dict:
+    return {
+        "job": {
+            "model": "tiny",
+            "backend": "pytorch",
+            "scenario": "inference",
+            "tp": 1,
+            "pp": 1,
+            "dp": 1,
+        },
+        "job_id": "j1",
+        "config_hash": "h",
+        "code_version": "0.1.0+gabc",
+        "seed": 0,
+        "model_entry": {"name": "tiny", "path": "builtin:tiny"},
+        "workload": {
+            "output_tokens": 16,
+            "warmup_iterations": 1,
+            "iterations": 2,
+            "repetitions": 2,
+        },
+        "measurement": {
+            "energy_source": "auto",
+            "host_energy_source": "none",
+            "device": "auto",
+            "min_window_s": 1.0,
+            "idle_baseline_s": 2.0,
+            "cooldown_s": 0.5,
+            "sampler_hz": 0,
+            "prefill_pass": True,
+            **measurement,
+        },
+    }
+
+
+def context(device: str) -> dist.RankContext:
+    layout = ParallelLayout(1, 1, 1)
+    return dist.RankContext(
+        layout=layout,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        coords=layout.coords(0),
+        device=device,
+        host="h",
+        pid=1,
+        model_dir="m",
+    )
+
+
+@pytest.fixture
+def gpu_rank(fake_nvml, monkeypatch):
+    """A rank on fake GPU 1 of 2 (by UUID), with a fake clock and backend."""
+    mod = fake_nvml(fake_pynvml.h100s(2))
+    gpu = mod.fake_gpus[1]
+    monkeypatch.setattr(run, "_gpu_uuids", lambda device: [gpu.uuid])
+    monkeypatch.setattr(es_nvml, "COUNTER_UPDATE_PERIOD_NS", 0)  # real wall time is ~0 here
+    clock = Clock(gpu)
+
+    def make(backend=None, **measurement):
+        s = spec(**measurement)
+        ctx = context("cuda:0")
+        monitor = run.JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
+        backend = backend or FakeBackend(clock)
+        return run.Measurer(s, ctx, backend, [f"p{i}" for i in range(64)], monitor), backend
+
+    return make, clock, gpu
+
+
+def test_window_repeats_until_min_window_and_min_iterations(gpu_rank):
+    make, clock, gpu = gpu_rank
+    measurer, backend = make(min_window_s=1.0)
+    batches = measurer._batches(4)
+    w = measurer.window(batches, 16)
+    per_iter_s = GEN_S_PER_TOKEN * 16
+    # >= 1 s of work and >= 2 iterations, all ranks stopping after the same iteration.
+    assert w["iterations"] * per_iter_s >= 1.0 and w["iterations"] >= 2
+    assert (w["iterations"] - 1) * per_iter_s < 1.0 * 1.05 + per_iter_s  # no large overshoot
+    (r,) = w["readings"]
+    assert r.gpu_uuid == gpu.uuid and r.status == "measured" and r.source == "nvml"
+    assert r.energy_mj == pytest.approx(w["iterations"] * per_iter_s * GPU_BUSY_W * 1e3, abs=2)
+    assert w["tout"] == w["iterations"] * 4 * 16 and w["tin"] == w["iterations"] * 40
+    # A short minimum: exactly the minimum iterations.
+    measurer.min_window_s = 0.0
+    assert measurer.window(batches, 16)["iterations"] == 2
+
+
+def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
+    make, clock, gpu = gpu_rank
+    measurer, backend = make()
+    measurer.monitor.start(backend.synchronize)
+    assert clock.sleeps == [2.0]  # the idle baseline, before any window
+    reps = measurer.point(4)
+    assert len(reps) == 2
+    # Cooldown before every window (generate and prefill of each repetition).
+    assert clock.sleeps[1:] == [0.5] * 4
+    rows = [r for rep in reps for r in rep]
+    assert [r["phase"] for r in rows] == ["generate", "prefill"] * 2
+    assert {n for _, n in backend.calls} == {16, 1}  # warm-up + generate use 16, prefill 1
+    for r in rows:
+        assert r["idle_gpu_power_w"] == pytest.approx(GPU_IDLE_W)
+        assert r["idle_gpu_power_status"] == "measured" and r["idle_window_s"] == 2.0
+        assert r["gpu_uuid"] == gpu.uuid and r["energy_source"] == "nvml"
+        assert r["model_parameters"] == 20 and r["model_parameters_method"] == "counted"
+        assert r["host_energy_status"] == "unavailable"  # host_energy_source: none
+    prefill = [r for r in rows if r["phase"] == "prefill"]
+    assert all(r["output_tokens"] == r["iterations"] * 4 for r in prefill)
+    shards.to_table(run._finalize_window([rows]))  # complete rows of the one schema
+    # Generations: rep 0's first workload.iterations iterations only.
+    assert len(measurer.generations) == 2 * 4
+
+
+def test_cpu_rank_spends_no_idle_time_and_says_why(monkeypatch):
+    clock = Clock(None)
+    s = spec()
+    ctx = context("cpu")
+    monitor = run.JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
+    measurer = run.Measurer(s, ctx, FakeBackend(clock), ["a", "b", "c"], monitor)
+    monitor.start(lambda: None)
+    assert clock.sleeps == []  # nothing could measure the idle baseline
+    rows = [r for rep in measurer.point(1) for r in rep]
+    assert {r["gpu_energy_status"] for r in rows} == {"unavailable"}
+    assert {r["idle_gpu_power_status"] for r in rows} == {"unavailable"}
+    assert all(r["gpu_energy_mj"] is None and r["idle_gpu_power_w"] is None for r in rows)
+    assert {r["energy_source"] for r in rows} == {"none"}
+
+
+def test_idle_baseline_skipped(gpu_rank):
+    make, clock, _ = gpu_rank
+    measurer, backend = make(idle_baseline_s=0, prefill_pass=False)
+    measurer.monitor.start(backend.synchronize)
+    rows = [r for rep in measurer.point(1) for r in rep]
+    assert {r["phase"] for r in rows} == {"generate"}
+    assert {r["idle_gpu_power_status"] for r in rows} == {"skipped"}
+    assert all(r["idle_gpu_power_w"] is None for r in rows)
+
+
+def test_failed_point_rows_are_complete(gpu_rank):
+    make, clock, _ = gpu_rank
+    measurer, _ = make(backend=FakeBackend(clock, fail=RuntimeError("CUDA out of memory")))
+    reps = measurer.point(8)
+    rows = [r for rep in reps for r in rep]
+    assert {r["status"] for r in rows} == {"oom"}
+    assert [r["phase"] for r in rows] == ["generate", "prefill"] * 2
+    assert all(r["gpu_energy_mj"] is None for r in rows)
+    shards.to_table(run._finalize_window([rows]))
+
+
+def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
+    from tests_rows import row
+
+    def r(rank, phase, tin, tout, writer):
+        return row(
+            rank=rank,
+            pid=rank,
+            phase=phase,
+            input_tokens=tin,
+            output_tokens=tout,
+            is_writer=writer,
+            iterations=3,
+            global_batch_size=4,
+            model_parameters=1000,
+            model_parameters_method="counted",
+        )
+
+    rows = run._finalize_window(
+        [
+            [r(0, "generate", 30, 60, True), r(0, "prefill", 30, 4, True)],
+            [r(1, "generate", 0, 0, False), r(1, "prefill", 0, 0, False)],
+        ]
+    )
+    gen = [x for x in rows if x["phase"] == "generate"]
+    pre = [x for x in rows if x["phase"] == "prefill"]
+    assert {(x["input_tokens"], x["output_tokens"], x["requests"]) for x in gen} == {(30, 60, 12)}
+    assert {x["output_tokens"] for x in pre} == {4}
+    assert {x["flops_estimate"] for x in gen} == {2.0 * 1000 * 90}
+    assert {x["flops_estimate"] for x in pre} == {2.0 * 1000 * 34}
+
+
+def test_batches_cycle_through_prompts(gpu_rank):
+    make, _, _ = gpu_rank
+    measurer, _ = make()
+    batches = measurer._batches(4)
+    assert len(batches) == 16  # 64 prompts / global batch 4
+    seen = sorted(i for idx, _ in batches for i in idx)
+    assert seen == list(range(64))

@@ -59,23 +59,29 @@ EOF
 
 # --- processes -------------------------------------------------------------------------------
 
+# alive PID NAME: true if PID is a live (not zombie) process whose command name is NAME.
+alive() {
+    local stat
+    [[ $(cat "/proc/$1/comm" 2>/dev/null) == "$2" ]] || return 1
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) } # the field after "(comm) " is the state letter
+    [[ ${stat:0:1} != Z ]]
+}
+
 # Print the pid recorded in $STATE/NAME.pid if that process is alive and is NAME.
 our_pid() {
-    local name=$1 file="$STATE/$1.pid" pid comm
+    local name=$1 file="$STATE/$1.pid" pid
     [[ -s $file ]] || return 1
     pid=$(tr -dc '0-9' 2>/dev/null <"$file") || return 1
-    [[ -n $pid ]] || return 1
-    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-    [[ $comm == "$name" ]] || return 1
+    [[ -n $pid ]] && alive "$pid" "$name" || return 1
     printf '%s\n' "$pid"
 }
 
-# Print the pids of all processes whose command name is NAME (no procps needed).
+# Print the pids of all live processes whose command name is NAME (no procps needed).
 pids_named() {
-    local name=$1 dir comm
+    local name=$1 dir
     for dir in /proc/[0-9]*; do
-        comm=$(cat "$dir/comm" 2>/dev/null) || continue
-        [[ $comm == "$name" ]] && printf '%s\n' "${dir#/proc/}"
+        alive "${dir#/proc/}" "$name" && printf '%s\n' "${dir#/proc/}"
     done
     return 0
 }
@@ -122,7 +128,8 @@ stop_daemon() {
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     deadline=$((SECONDS + TIMEOUT))
-    while [[ -e /proc/$pid ]] && our_pid "$name" >/dev/null; do
+    # Wait on the process, not its pid file: slurm daemons delete the file before they exit.
+    while alive "$pid" "$name"; do
         if ((SECONDS >= deadline)); then
             log "$name (pid $pid) ignored SIGTERM for ${TIMEOUT}s; sending SIGKILL"
             kill -KILL "$pid" 2>/dev/null || true
@@ -325,6 +332,7 @@ register_account() {
 
 node_state() { sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n 1; }
 node_usable() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
+no_jobs() { [[ -z $(squeue -h -o %A 2>/dev/null) ]]; }
 ctld_up() { [[ $(scontrol ping 2>/dev/null) == *"is UP"* ]]; }
 
 # Resume the node while it reports a drained/down state (e.g. left over from a bad config).
@@ -412,7 +420,7 @@ cmd_up() {
 }
 
 cmd_down() {
-    local name i jobs
+    local name i jobs deadline
     # Jobs would outlive slurmd as orphaned slurmstepd processes: cancel them first.
     if our_pid slurmctld >/dev/null && ctld_up; then
         jobs=$(squeue -h -o %A 2>/dev/null | tr '\n' ' ')
@@ -420,8 +428,14 @@ cmd_down() {
             log "cancelling jobs $jobs"
             # shellcheck disable=SC2086  # word splitting wanted: one argument per job id
             scancel $jobs 2>/dev/null || true
-            wait_for "jobs to finish after scancel" "$LOG_DIR/slurmctld.log" \
-                test -z "$(squeue -h -o %A 2>/dev/null)"
+            deadline=$((SECONDS + TIMEOUT))
+            until no_jobs; do
+                if ((SECONDS >= deadline)); then
+                    log "jobs still listed ${TIMEOUT}s after scancel; stopping daemons anyway"
+                    break
+                fi
+                sleep 0.5
+            done
         fi
     fi
     for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
@@ -433,7 +447,10 @@ cmd_down() {
 
 cmd_status() {
     local name pid up=1
+    # Some pid files are root-only; without root judge by what Slurm answers.
+    ((EUID == 0)) || echo "not root: daemon pid files not checked"
     for name in "${DAEMONS[@]}"; do
+        ((EUID == 0)) || break
         if pid=$(our_pid "$name"); then
             printf '%-10s running (pid %s)\n' "$name" "$pid"
         elif [[ -n $(pids_named "$name") ]]; then

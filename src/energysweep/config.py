@@ -111,7 +111,9 @@ def check(
     problems = []
     names = [m["name"] for m in config["models"]]
     for name in {n for n in names if names.count(n) > 1}:
-        problems.append(f"config key models: name {name!r} is used twice; model names must be unique")
+        problems.append(
+            f"config key models: name {name!r} is used twice; model names must be unique"
+        )
     for i, m in enumerate(config["models"]):
         key = f"models[{i}]"
         if m["path"] == BUILTIN_TINY:

@@ -188,7 +188,7 @@ class ParallelLayout:
         return reasons
 
     def stage_layers(self, num_layers: int, pp_rank: int) -> range:
-        """Contiguous decoder layers owned by pipeline stage ``pp_rank`` (earlier stages get extra)."""
+        """Contiguous decoder layers of stage ``pp_rank`` (earlier stages get the extra ones)."""
         floor, rem = divmod(num_layers, self.pp)
         start = pp_rank * floor + min(pp_rank, rem)
         return range(start, start + floor + (1 if pp_rank < rem else 0))

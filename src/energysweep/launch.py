@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -93,9 +94,32 @@ def head_node(nodelist: str) -> str:
     return out[0]
 
 
+def _paths(outputs) -> list[str]:
+    if isinstance(outputs, dict):
+        return [p for v in outputs.values() for p in _paths(v)]
+    if isinstance(outputs, (list, tuple)):
+        return [p for v in outputs for p in _paths(v)]
+    return [outputs]
+
+
+def _restage(outputs, staging: Path, base: Path):
+    """The same structure with every path moved under ``staging`` (relative to ``base``)."""
+    if isinstance(outputs, dict):
+        return {k: _restage(v, staging, base) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return [_restage(v, staging, base) for v in outputs]
+    return str(staging / Path(outputs).resolve().relative_to(base))
+
+
 def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: int,
             timeout_s: float | None = None) -> None:
-    """Write the spec, start the job's processes, and fail loudly if any rank failed."""
+    """Write the spec, start the job's processes, and publish its outputs only if all succeeded.
+
+    The ranks write into a hidden staging directory next to the outputs; the files move to their
+    final names (job.json last) only after every process exited 0. A job that fails or is killed
+    (scancel, SIGKILL of a rank, node failure) therefore leaves no shard under a name that
+    aggregation reads.
+    """
     layout = ParallelLayout(spec["job"]["tp"], spec["job"]["pp"], spec["job"]["dp"])
     # The hash covers what determines this job's numbers (not where its outputs go), so rows of
     # jobs that ran the same settings share it; the code version is read where the job runs.
@@ -106,6 +130,10 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
         "config_hash": config_hash(settings),
         "code_version": code_version(),
     }
+    final = spec["outputs"]
+    base = Path(spec_path).resolve().parent
+    staging = base / f".staging-{spec['job_id']}"
+    spec["outputs"] = _restage(final, staging, base)
     slurm_id = os.environ.get("SLURM_JOB_ID")
     head = None
     if layout.nodes(gpus_per_node) > 1 and os.environ.get("SLURM_JOB_NODELIST"):
@@ -113,11 +141,24 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
     argv = build_argv(layout, spec["job"]["backend"], str(spec_path), gpus_per_node,
                       slurm_job_id=slurm_id, head_node=head)
     spec["launch_argv"] = argv
-    Path(spec_path).parent.mkdir(parents=True, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True)
     Path(spec_path).write_text(json.dumps(spec, indent=2))
     ranks_here = layout.world_size // layout.nodes(gpus_per_node)
     env = build_env(layout, threads=cpus // max(1, ranks_here))
     print("launch:", json.dumps(argv), file=log, flush=True)
-    proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"job {spec['job']} failed: {argv[0]} exited {proc.returncode}")
+    try:
+        proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"job {spec['job']} failed: {argv[0]} exited {proc.returncode}")
+        staged, targets = _paths(spec["outputs"]), _paths(final)
+        missing = [s for s in staged if not Path(s).exists()]
+        if missing:
+            raise RuntimeError(f"job {spec['job']} exited 0 but did not write {missing}")
+        # job.json last: its presence marks a complete job.
+        pairs = sorted(zip(staged, targets, strict=True), key=lambda st: st[1].endswith("job.json"))
+        for src, dst in pairs:
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

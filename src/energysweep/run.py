@@ -206,11 +206,22 @@ class JobMonitor:
             out["host_info"] = envinfo.snapshot() if self.ctx.local_rank == 0 else None
         return out
 
-    def start(self, synchronize) -> None:
-        """Environment snapshot, power sampler, idle baseline (collective: every rank calls it)."""
+    def synchronize(self) -> None:
+        """Wait for this rank's device (the default edge sync where no backend gives one)."""
+        if self.ctx.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(torch.device(self.ctx.device))
+
+    def start(self, synchronize=None) -> None:
+        """Environment snapshot, power sampler, idle baseline (collective: every rank calls it).
+
+        Args:
+            synchronize: waits for the rank's device (``backend.synchronize``); default: CUDA sync.
+        """
         self.env_start = dist.gather(self._rank_snapshot(with_host=True))
         self.sampler.start()
-        self.measure_idle(synchronize)
+        self.measure_idle(synchronize or self.synchronize)
 
     def measure_idle(self, synchronize) -> None:
         """Idle power of every GPU (and host) of this rank, before any window of the job."""
@@ -521,6 +532,17 @@ def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds
     os.replace(tmp, path)
 
 
+def _gather_to_rank0(obj) -> list | None:
+    """Every rank's ``obj`` on rank 0 only (None elsewhere): the power samples can be large."""
+    import torch.distributed as tdist
+
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return [obj]
+    out = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
+    tdist.gather_object(obj, out, dst=0)
+    return out
+
+
 def power_path(outputs: dict) -> Path:
     """Where the job's power timeline goes: outputs["power"], else power.parquet by job.json."""
     from energysweep.energy.sampler import FILENAME
@@ -554,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             gathered = dist.gather(rows)
             if ctx.rank == 0:
                 shards.write_shard(_finalize_window(gathered), outputs["shards"][str(bs)][rep])
-    samples = dist.gather(monitor.finish())
+    samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(measurer.generations)
     window_ns = dist.gather(measurer.window_ns_total)
     if ctx.rank == 0:

@@ -131,6 +131,9 @@ def write_atomic(table: pa.Table, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone to read
     try:
         pq.write_table(table, tmp)
         os.replace(tmp, path)

@@ -160,3 +160,13 @@ def test_gpu_snapshot_and_job_environment(fake_nvml):
     (row,) = envinfo.environment_rows({"job_id": "j1", "environment": env})
     assert row["gpu_uuid"] == g.uuid and row["zeus_version"] == "0.16.0"
     assert row["gpu_temperature_end_c"] == 71 and row["seed"] == 0
+
+
+def test_mig_slice_is_unavailable_not_guessed(fake_nvml, monkeypatch):
+    mod = fake_nvml(fake_pynvml.h100s(1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f0e1b3c-aaaa-bbbb-cccc-000000000000")
+    src = energy.make_source("auto", "cuda:0", [mod.fake_gpus[0].uuid])
+    (r,) = (src.begin(), src.end())[1]
+    assert r.energy_mj is None and "MIG" in r.detail
+    with pytest.raises(energy.SourceUnavailable, match="MIG"):
+        energy.make_source("nvml", "cuda:0", [mod.fake_gpus[0].uuid])

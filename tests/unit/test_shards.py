@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from energysweep import shards
+
 from tests_rows import row
 
 

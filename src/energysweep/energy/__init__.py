@@ -190,6 +190,11 @@ def make_source(kind: str, device: str, gpu_uuids: list[str]) -> EnergySource:
                 "with no GPU; use auto or none, or run on a GPU"
             )
         return UnavailableSource(f"no GPU in use (device={device})", method="nvml")
+    if "MIG-" in (os.environ.get("CUDA_VISIBLE_DEVICES") or ""):
+        reason = "CUDA_VISIBLE_DEVICES names MIG slices: a MIG slice has no energy counter"
+        if kind != "auto":
+            raise SourceUnavailable(reason)
+        return UnavailableSource(reason, method="nvml")
     if kind == "zeus":
         return _zeus(gpu_uuids)
     if kind == "cross-check":

@@ -1,0 +1,121 @@
+"""`snakemake -n` on a generated N-layout grid vs a bare Snakefile with N trivial jobs (the floor).
+
+Ours: the real workflow, a config of N/100 models declared by `dims:` (no checkpoint needed) x
+tp {1,2,4,8} x pp {1,2,4,8,16} x dp {1,2,4,8,16}, so expand_grid yields exactly N measure jobs,
+each with one shard per (batch size, repetition) plus job.json and generations.parquet.
+Floor: one rule with N jobs and the same outputs per job (`touch`), all requested by `rule all`:
+the least Snakemake does for that many jobs and files.
+
+Both run `snakemake -n` (output to a file) side by side at each size; the figure is
+ours / floor, in CPU seconds of the snakemake process (robust to other load on the machine) and
+in wall seconds. Growth is the 10k / 1k time of each.
+
+    python bench/dag_scaling.py                 # sizes 1000,3000,10000 (about 3 min on 2 cores)
+    python bench/dag_scaling.py --sizes 1000    # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from pathlib import Path
+
+import yaml
+from _common import ROOT, VENV_BIN, check, machine, timed, workflow_copy
+
+GOAL = 1.3
+TP, PP, DP = [1, 2, 4, 8], [1, 2, 4, 8, 16], [1, 2, 4, 8, 16]
+LAYOUTS_PER_MODEL = len(TP) * len(PP) * len(DP)  # every one runnable with DIMS below
+DIMS = {
+    "num_attention_heads": 64,
+    "num_key_value_heads": 16,
+    "num_hidden_layers": 64,
+    "intermediate_size": 8192,
+    "hidden_size": 4096,
+}
+
+FLOOR = '''# The floor: N trivial jobs, each with the same number of outputs as one measure job.
+N = int(config["n"])
+IDS = [f"{{i:05d}}" for i in range(N)]
+SHARDS = [f"shard{{k}}.parquet" for k in range({shards})]
+
+
+rule all:
+    input:
+        expand("results/jobs/{{i}}/{{f}}", i=IDS, f=SHARDS + ["job.json", "generations.parquet"]),
+
+
+rule job:
+    output:
+        expand("results/jobs/{{{{i}}}}/{{f}}", f=SHARDS + ["job.json", "generations.parquet"]),
+    shell:
+        "touch {{output}}"
+'''
+
+
+def grid_config(n_jobs: int, base: dict) -> dict:
+    if n_jobs % LAYOUTS_PER_MODEL:
+        raise SystemExit(f"sizes must be multiples of {LAYOUTS_PER_MODEL}")
+    models = [
+        {"name": f"m{i:04d}", "path": f"checkpoints/m{i:04d}", "dims": DIMS}
+        for i in range(n_jobs // LAYOUTS_PER_MODEL)
+    ]
+    return {
+        **base,
+        "models": models,
+        "parallel": {"tp": TP, "pp": PP, "dp": DP, "max_gpus_per_job": 4096, "gpus_per_node": 8},
+    }
+
+
+def job_count(output: str, rule: str) -> int:
+    m = re.search(rf"^{rule}\s+(\d+)\s*$", output, re.M)
+    return int(m.group(1)) if m else -1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,3000,10000")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    shards_per_job = len(base["workload"]["batch_sizes"]) * base["workload"]["repetitions"]
+    snakemake = str(VENV_BIN / "snakemake")
+    print(f"machine: {machine()}")
+    print(f"outputs per job: {shards_per_job} shards + job.json + generations.parquet")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-dag-") as tmp:
+        tmp = Path(tmp)
+        wf = workflow_copy(tmp / "wf")
+        floor = tmp / "floor"
+        floor.mkdir()
+        (floor / "Snakefile").write_text(FLOOR.format(shards=shards_per_job))
+        for n in sizes:
+            (wf / "config" / f"bench{n}.yaml").write_text(yaml.safe_dump(grid_config(n, base)))
+            (floor / f"n{n}.yaml").write_text(yaml.safe_dump({"n": n}))
+            dry = ["-n", "--cores", "1"]
+            o = check(timed([snakemake, *dry, "--configfile", f"config/bench{n}.yaml"], wf,
+                            out_file=tmp / "ours.txt"), f"ours n={n}")
+            f = check(timed([snakemake, *dry, "--configfile", f"n{n}.yaml"], floor,
+                            out_file=tmp / "floor.txt"), f"floor n={n}")
+            got = (job_count(o.output, "measure"), job_count(f.output, "job"))
+            if got != (n, n):
+                raise SystemExit(f"expected {n} jobs on each side, got measure/job = {got}")
+            rows.append((n, o, f))
+            print(f"n={n:6d}  ours {o.cpu_s:6.1f} cpu-s {o.wall_s:6.1f} wall-s   "
+                  f"floor {f.cpu_s:6.1f} cpu-s {f.wall_s:6.1f} wall-s   "
+                  f"ratio cpu {o.cpu_s / f.cpu_s:.2f} wall {o.wall_s / f.wall_s:.2f}", flush=True)
+    n0, o0, f0 = rows[0]
+    n1, o1, f1 = rows[-1]
+    growth = ""
+    if n1 > n0:
+        g_o, g_f = o1.cpu_s / o0.cpu_s, f1.cpu_s / f0.cpu_s
+        growth = (f" growth {n0}->{n1}: ours x{g_o:.2f} floor x{g_f:.2f} (cpu)"
+                  f" {'ok' if g_o <= g_f * 1.05 else 'WORSE'};")
+    ratio = o1.cpu_s / f1.cpu_s
+    print(f"dag_scaling n={n1}: ratio ours/floor = {ratio:.2f} cpu ({o1.wall_s / f1.wall_s:.2f} "
+          f"wall);{growth} goal <= {GOAL}: {'met' if ratio <= GOAL else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

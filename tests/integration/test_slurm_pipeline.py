@@ -1,0 +1,184 @@
+"""The sweep through a real Slurm cluster: `snakemake --profile profiles/slurm` (+ the CI profile).
+
+The cluster is the one cluster/slurm-local.sh starts: one node, 8 CPUs, 4 fake GPUs declared as
+GRES. Jobs see CUDA_VISIBLE_DEVICES but no CUDA, run their ranks on CPU (gloo), and record both.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import test_env, workflow_copy
+
+pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+
+SMALL = {"workload": {"batch_sizes": [1, 4], "repetitions": 2, "iterations": 1}}
+SLURM = ["--profile", "profiles/slurm", "--profile", "profiles/slurm-ci"]
+SNAKEMAKE_TIMEOUT_S = 900
+
+
+def snakemake(wf: Path, *args: str, profile=SLURM, timeout=SNAKEMAKE_TIMEOUT_S):
+    # `timeout -k` as well: a Snakemake that lost its jobs ignores SIGTERM (reference notes).
+    argv = ["timeout", "-k", "20", str(timeout), "snakemake", *profile, *args]
+    return subprocess.run(argv, cwd=wf, env=test_env(), capture_output=True, text=True,
+                          timeout=timeout + 60)
+
+
+def write_config(wf: Path, over: dict) -> str:
+    (wf / "config" / "test.yaml").write_text(yaml.safe_dump(over))
+    return "--configfile=config/test.yaml"
+
+
+def sacct(job_ids) -> pd.DataFrame:
+    out = subprocess.run(
+        ["sacct", "-X", "-j", ",".join(sorted(job_ids)), "-P", "-n",
+         "-o", "JobID,Comment%200,AllocTRES%80,State,Start,End"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    rows = [line.split("|") for line in out.strip().splitlines()]
+    df = pd.DataFrame(rows, columns=["job_id", "comment", "tres", "state", "start", "end"])
+    df["gpus"] = df["tres"].str.extract(r"gres/gpu=(\d+)")[0].astype(float)
+    df["start"] = pd.to_datetime(df["start"])
+    df["end"] = pd.to_datetime(df["end"])
+    return df
+
+
+def rule_jobs(since: str, rule: str) -> pd.DataFrame:
+    """All jobs of one rule submitted since ``since`` (sacct -S), with their comment."""
+    out = subprocess.run(
+        ["sacct", "-X", "-S", since, "-P", "-n",
+         "-o", "JobID,Comment%200,AllocTRES%80,State,Start,End"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    rows = [line.split("|") for line in out.strip().splitlines() if f"rule_{rule}" in line]
+    df = pd.DataFrame(rows, columns=["job_id", "comment", "tres", "state", "start", "end"])
+    df["gpus"] = df["tres"].str.extract(r"gres/gpu=(\d+)")[0].astype(float)
+    return df
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S * 2 + 300)
+def test_default_sweep_through_slurm(slurm_cluster, tmp_path):
+    wf = workflow_copy(tmp_path / "slurm")
+    proc = snakemake(wf, write_config(wf, SMALL))
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    e = pd.read_parquet(wf / "results" / "energy.parquet")
+
+    # One COMPLETED Slurm job per layout, allocated exactly tp*pp*dp GPUs.
+    per_job = e.groupby(["tp", "pp", "dp"])["slurm_job_id"].unique()
+    assert len(per_job) == 2 and all(len(ids) == 1 for ids in per_job)
+    acct = sacct([ids[0] for ids in per_job]).set_index("job_id")
+    for (tp, pp, dp), ids in per_job.items():
+        job = acct.loc[ids[0]]
+        assert job["state"] == "COMPLETED", job
+        assert job["gpus"] == tp * pp * dp, job
+        assert "rule_measure" in job["comment"]
+
+    # The job saw the GPUs Slurm gave it, ran on CPU, and recorded both.
+    assert e["slurm_partition"].eq(slurm_cluster.default_partition).all()
+    assert e["device"].eq("cpu").all()
+    gpus_seen = e.groupby("dp")["allocated_gpus"].first().str.split(",").map(len)
+    assert gpus_seen.to_dict() == {1: 1, 2: 2}
+
+    # Same schema and row count as the same sweep on the local profile.
+    local = workflow_copy(tmp_path / "local")
+    lproc = snakemake(local, write_config(local, SMALL), profile=["--profile", "profiles/local"])
+    assert lproc.returncode == 0, lproc.stderr[-3000:]
+    le = pd.read_parquet(local / "results" / "energy.parquet")
+    assert list(le.columns) == list(e.columns)
+    assert dict(le.dtypes) == dict(e.dtypes)
+    assert len(le) == len(e)
+    ls = pd.read_csv(local / "results" / "summary.csv")
+    s = pd.read_csv(wf / "results" / "summary.csv")
+    assert list(ls.columns) == list(s.columns) and len(ls) == len(s)
+
+
+@pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 120)
+def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
+    """Three 2-GPU layouts on a 4-GPU node: two run together, the third waits for GPUs."""
+    wf = workflow_copy(tmp_path)
+    models = [{"name": f"tiny-{i}", "path": "builtin:tiny", "spec": {"seed": i}} for i in range(3)]
+    cfg = write_config(wf, {**SMALL, "models": models, "parallel": {"dp": [2]}})
+    proc = snakemake(wf, cfg)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    e = pd.read_parquet(wf / "results" / "energy.parquet")
+    ids = e.groupby("model")["slurm_job_id"].first()
+    jobs = sacct(ids).sort_values("start").reset_index(drop=True)
+    assert (jobs["state"] == "COMPLETED").all() and (jobs["gpus"] == 2).all()
+    first, second, third = jobs.iloc[0], jobs.iloc[1], jobs.iloc[2]
+    assert second["start"] < first["end"], "the first two 2-GPU jobs did not overlap"
+    assert third["start"] >= min(first["end"], second["end"]), "the third did not wait"
+    # The two concurrent jobs were given disjoint GPUs.
+    gpus = e.groupby("model")["allocated_gpus"].first()
+    by_job = {i: gpus[m] for m, i in ids.items()}
+    a, b = (set(by_job[j].split(",")) for j in (first["job_id"], second["job_id"]))
+    assert not a & b
+
+
+@pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 120)
+def test_scancel_mid_measurement_leaves_no_shard_and_retry_completes(slurm_cluster, tmp_path):
+    wf = workflow_copy(tmp_path)
+    cfg = write_config(wf, {"workload": {"batch_sizes": [1, 4, 8], "repetitions": 2,
+                                         "iterations": 3}, "parallel": {"dp": [1]}})
+    since = now()
+    argv = ["timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S), "snakemake", *SLURM, cfg]
+    with open(tmp_path / "snakemake.log", "w") as log:
+        sm = subprocess.Popen(argv, cwd=wf, env=test_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            # Wait until the job has written its first shard into staging: mid-measurement.
+            deadline = time.monotonic() + 300
+            staged = []
+            while time.monotonic() < deadline and not staged:
+                staged = list((wf / "results" / "shards").glob("**/.staging-*/bs~1/rep~0.parquet"))
+                time.sleep(0.1)
+            assert staged, "measure job never started measuring"
+            job_dir = staged[0].parents[2]
+            running = rule_jobs(since, "measure")
+            running = running[running["state"] == "RUNNING"]
+            assert len(running) == 1
+            subprocess.run(["scancel", running.iloc[0]["job_id"]], check=True, timeout=30)
+            # Killed mid-measurement: nothing under a final name that aggregation would read.
+            time.sleep(3)
+            assert not list(job_dir.glob("bs~*/rep~*.parquet"))
+            assert not (job_dir / "job.json").exists()
+            rc = sm.wait(timeout=SNAKEMAKE_TIMEOUT_S + 60)
+        finally:
+            if sm.poll() is None:
+                sm.kill()
+    assert rc == 0, (tmp_path / "snakemake.log").read_text()[-5000:]
+    states = rule_jobs(since, "measure")["state"].str.split().str[0].tolist()
+    assert states[0] == "CANCELLED" and states[-1] == "COMPLETED", states
+    e = pd.read_parquet(wf / "results" / "energy.parquet")
+    assert len(e) == 3 * 2  # 3 batch sizes x 2 repetitions x 1 rank, all from the retry
+    assert e["slurm_job_id"].nunique() == 1
+
+
+@pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 120)
+def test_job_over_its_runtime_is_retried_with_more(slurm_cluster, tmp_path):
+    """The CI profile gives 1 minute, then 4 on the retry; this job needs about 100 s."""
+    wf = workflow_copy(tmp_path)
+    cfg = write_config(wf, {
+        "workload": {"batch_sizes": [1], "repetitions": 2, "iterations": 1},
+        "measurement": {"min_window_s": 45},
+        "parallel": {"dp": [1]},
+    })
+    since = now()
+    proc = snakemake(wf, cfg)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    jobs = rule_jobs(since, "measure")
+    states = jobs["state"].str.split().str[0].tolist()
+    assert states == ["TIMEOUT", "COMPLETED"], jobs
+    limits = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(jobs["job_id"]), "-o", "JobID,Timelimit"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.split()
+    assert [lim.split("|")[1] for lim in limits] == ["00:01:00", "00:04:00"]

@@ -10,6 +10,6 @@ rule build_tiny_model:
         "logs/build_model/{model}.log",
     localrule: True
     conda:
-        "../envs/base.yaml"
+        "../envs/pytorch.yaml"
     script:
         "../scripts/build_model.py"

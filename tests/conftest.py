@@ -11,7 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
 VENV_BIN = Path(sys.executable).parent
+
+from slurm_fixtures import slurm_cluster  # noqa: E402,F401  (session fixture: real local Slurm)
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def snakemake_exe() -> str:
 def workflow_copy(tmp_path: Path) -> Path:
     """A copy of the workflow (not results) in tmp_path, so tests never touch the checkout's."""
     dst = tmp_path / "wf"
-    dst.mkdir()
+    dst.mkdir(parents=True)
     for name in ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src", "envs"):
         src = ROOT / name
         if src.is_dir():

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from slurm_fixtures import UP_TIMEOUT_S, SlurmCluster, run_script
 
 # States after which a job never changes again (sacct prints e.g. "CANCELLED by 0").

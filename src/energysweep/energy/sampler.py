@@ -60,6 +60,7 @@ class PowerSampler:
         self._thread: threading.Thread | None = None
         self._status_rows: list[dict] = []
         self._gpus: list[tuple[str, int, object]] = []
+        self.thread_cpu_s = 0.0
         if self.hz <= 0:
             self._status_rows.append(self._status(STATUS_DISABLED, "measurement.sampler_hz is 0"))
             return
@@ -122,12 +123,15 @@ class PowerSampler:
     def _loop(self) -> None:
         period = 1.0 / self.hz
         next_t = time.monotonic()
+        cpu0 = time.thread_time()
         while not self._stop.is_set():
             self.sample_once()
             next_t += period
             # A slow NVML call must not make the thread spin to catch up.
             next_t = max(next_t, time.monotonic())
             self._stop.wait(next_t - time.monotonic())
+        # The thread's own CPU time: a direct bound on what it takes from the rank.
+        self.thread_cpu_s = time.thread_time() - cpu0
 
     def start(self) -> None:
         if self.active and self._thread is None:

@@ -44,6 +44,7 @@ rule merge_shards:
     output:
         energy="results/energy.parquet",
         summary="results/summary.csv",
+        environment="results/environment.parquet",
     log:
         "logs/merge_shards.log",
     conda:

@@ -14,6 +14,7 @@ rule measure:
         ),
         job=f"{JOB_DIR}/job.json",
         generations=f"{JOB_DIR}/generations.parquet",
+        power=f"{JOB_DIR}/power.parquet",
     params:
         spec=get_job_spec,
         model_dir=get_model_dir,

@@ -20,6 +20,7 @@ with open(sm.log[0], "w") as log:
         },
         "job_json": sm.output.job,
         "generations": sm.output.generations,
+        "power": sm.output.power,
     }
     assert len(paths) == n_bs * n_rep
     run_job(

@@ -98,10 +98,15 @@ def init(layout: ParallelLayout, device: str, timeout_s: float = 600) -> tuple[i
         import torch.distributed as dist
 
         backend = "nccl" if device.startswith("cuda") else "gloo"
-        kwargs = {"device_id": __import__("torch").device(device)} if backend == "nccl" else {}
-        dist.init_process_group(
-            backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
-        )
+        kwargs = {}
+        if backend == "nccl":
+            import torch
+
+            # Object collectives (all_gather_object) use the current device; device_id binds
+            # the NCCL communicator to it eagerly.
+            torch.cuda.set_device(torch.device(device))
+            kwargs["device_id"] = torch.device(device)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return rank, local_rank, world
 
 

@@ -155,16 +155,23 @@ def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
     return energy_mj / 1e3 / duration_s if energy_mj is not None and duration_s > 0 else None
 
 
-def _local_parameters(backend) -> int | None:
-    """Parameters this rank holds (local shards of DTensors), or None if the backend hides them."""
-    model = getattr(backend, "model", None)
-    if model is None or not hasattr(model, "parameters"):
+def _count_parameters(model_dir: str) -> int | None:
+    """Parameters of the checkpoint's model, built from its config.json on the meta device.
+
+    No weights are read and no backend internals are needed (TP/PP shards, engines that hide
+    their model), and tied weights count once. None if transformers cannot build the model.
+    """
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return int(sum(p.numel() for p in model.parameters()))
+    except Exception as exc:  # recorded as model_parameters_method; the job goes on
+        print(f"model parameters not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
         return None
-    total = 0
-    for p in model.parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
-        total += local.numel()
-    return total
 
 
 class JobMonitor:
@@ -299,10 +306,11 @@ class Measurer:
         self.params, self.params_method = self._parameters()
 
     def _parameters(self) -> tuple[int | None, str]:
-        """Parameters of one replica: loaded tensors summed over ranks / dp, else the config."""
-        counts = dist.gather(_local_parameters(self.backend))  # collective
-        if all(c is not None for c in counts):
-            return sum(counts) // self.ctx.layout.dp, "counted"
+        """Parameters of one replica: from the checkpoint (rank 0, shared), else models[].dims."""
+        counted = _count_parameters(self.ctx.model_dir) if self.ctx.rank == 0 else None
+        counted = dist.gather(counted)[0]  # collective: every rank takes rank 0's count
+        if counted:
+            return counted, "counted"
         declared = (self.spec.get("model_entry") or {}).get("dims", {}).get("num_parameters")
         if declared:
             return int(declared), "config"
@@ -590,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             "window_s": window_ns[0] / 1e9,
             "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
         })
-    measurer.energy.close()
+    measurer.energy.close()  # a scenario's measurer may own its own source (closing is idempotent)
     measurer.close()
     monitor.close()
     backend.close()

@@ -89,7 +89,8 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
      "user+system CPU seconds of this rank's process in the window"),
     ("model_parameters", pa.int64(), True, "parameters of one model replica (all its ranks)"),
     ("model_parameters_method", pa.string(), False,
-     "counted (loaded tensors, summed over ranks) | config (models[].dims) | unavailable"),
+     "counted (checkpoint config built on the meta device) | config (models[].dims) "
+     "| unavailable"),
     ("flops_estimate", pa.float64(), True,
      "ESTIMATE 2 * model_parameters * (input_tokens + output_tokens): window FLOPs, all GPUs"),
     ("loss", pa.float64(), True,

@@ -6,7 +6,9 @@ every rank writes ``OUT/<layout>/rank<r>.pt`` with its coordinates, what it hold
 and (writers only) the token ids and prefill logits of its replica's batches.
 
 Usage: torchrun --standalone --nproc-per-node N parallel_worker.py
-           --model-dir D --prompts P.json --out OUT --layouts tp2-pp1-dp1,... [--batch-size 3]
+           --model-dir D --prompts P.json --out OUT --layouts tp2-pp1-dp1,tp2-pp1-dp1@dtensor,...
+A layout may carry ``@<tp mode>`` (see pt_parallel.apply_tensor_parallel); its results go to
+``OUT/<layout>@<mode>``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from energysweep.backends.pytorch import PyTorchBackend
 from energysweep.grid import ParallelLayout, split_contiguous
 
 
-def parse_layout(text: str) -> ParallelLayout:
-    """``tp2-pp1-dp2`` (the layout's str) -> ParallelLayout."""
-    parts = dict((p[:2], int(p[2:])) for p in text.split("-"))
-    return ParallelLayout(parts["tp"], parts["pp"], parts["dp"])
+def parse_layout(text: str) -> tuple[ParallelLayout, str | None]:
+    """``tp2-pp1-dp2[@mode]`` (the layout's str, optional tp mode) -> (layout, mode)."""
+    text, _, mode = text.partition("@")
+    parts = {p[:2]: int(p[2:]) for p in text.split("-")}
+    return ParallelLayout(parts["tp"], parts["pp"], parts["dp"]), mode or None
 
 
 def replica_batches(n_prompts: int, batch_size: int, layout: ParallelLayout, dp_rank: int):
@@ -35,25 +38,36 @@ def replica_batches(n_prompts: int, batch_size: int, layout: ParallelLayout, dp_
     return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def holdings(backend: PyTorchBackend) -> dict:
-    """What this rank holds of the model: layers, embedding/head, local shard shapes."""
-    inner = backend.model.model
-    first = inner.layers[0] if len(inner.layers) else None
+    """What this rank holds of the model: layers, embedding/head, local shard shapes and bytes."""
+    model = backend.model
+    inner = model.model
     out = {
         "layer_idx": [layer.self_attn.layer_idx for layer in inner.layers],
         "has_embed": inner.embed_tokens is not None,
-        "has_head": backend.model.lm_head is not None,
-        "n_params_local": 0,
+        "has_head": model.lm_head is not None,
+        "n_params_local": sum(_local(p).numel() for p in model.parameters()),
     }
-    for p in backend.model.parameters():
-        out["n_params_local"] += (p.to_local() if hasattr(p, "to_local") else p).numel()
-    if first is not None:
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            w = getattr(first.self_attn, name).weight
-            out[f"{name}_local_shape"] = list((w.to_local() if hasattr(w, "to_local") else w).shape)
-            out[f"{name}_is_dtensor"] = hasattr(w, "to_local")
-        w = first.mlp.down_proj.weight
-        out["down_proj_local_shape"] = list((w.to_local() if hasattr(w, "to_local") else w).shape)
+    weights = {
+        name: getattr(inner.layers[0].self_attn, name).weight
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj")
+    }
+    weights["down_proj"] = inner.layers[0].mlp.down_proj.weight
+    if inner.embed_tokens is not None:
+        weights["embed_tokens"] = inner.embed_tokens.weight
+    if model.lm_head is not None:
+        weights["lm_head"] = model.lm_head.weight
+    for name, w in weights.items():
+        local = _local(w)
+        out[f"{name}_local_shape"] = list(local.shape)
+        out[f"{name}_is_dtensor"] = hasattr(w, "to_local")
+        # Bytes of the storage behind the shard: a view into a full tensor would show it.
+        out[f"{name}_storage_bytes"] = local.untyped_storage().nbytes()
+        out[f"{name}_shard_bytes"] = local.numel() * local.element_size()
     return out
 
 
@@ -69,9 +83,12 @@ def main() -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     prompts = json.loads(Path(args.prompts).read_text())
     layouts = [parse_layout(t) for t in args.layouts.split(",")]
-    dist.init(layouts[0], "cpu")
-    for layout in layouts:
-        ctx = dist.make_context(layout, "cpu", model_dir=args.model_dir, max_input_tokens=64)
+    dist.init(layouts[0][0], "cpu")
+    for layout, mode in layouts:
+        extra = {"tp_mode": mode} if mode else {}
+        ctx = dist.make_context(
+            layout, "cpu", model_dir=args.model_dir, max_input_tokens=64, extra=extra
+        )
         audits = dist.gather(ctx.audit())
         dist.check_world(audits, layout)
         backend = PyTorchBackend(ctx)
@@ -83,11 +100,12 @@ def main() -> int:
             results.append({"indices": idx, "tokens": tokens, "logits": logits})
         record = {
             "layout": str(layout),
+            "tp_mode": mode,
             "audit": ctx.audit(),
             "holdings": holdings(backend),
             "results": results,
         }
-        out = Path(args.out) / str(layout)
+        out = Path(args.out) / (f"{layout}@{mode}" if mode else str(layout))
         out.mkdir(parents=True, exist_ok=True)
         torch.save(record, out / f"rank{ctx.rank}.pt")
         backend.close()

@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from energysweep.aggregate import unexplained_nulls
+
 from conftest import test_env, workflow_copy
 
 pytestmark = [pytest.mark.integration]
@@ -20,7 +22,11 @@ SMALL = {
 def snakemake(wf, *args, timeout=600):
     return subprocess.run(
         ["snakemake", "--profile", "profiles/local", *args],
-        cwd=wf, env=test_env(), capture_output=True, text=True, timeout=timeout,
+        cwd=wf,
+        env=test_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -42,8 +48,14 @@ def local_run(tmp_path_factory):
 @pytest.mark.timeout(900)
 def test_outputs_and_second_run_is_noop(local_run):
     wf, cfg = local_run
-    for out in ["energy.parquet", "summary.csv", "plots/energy_per_token.png", "config.yaml",
-                "grid/skipped.tsv", "grid/jobs.tsv"]:
+    for out in [
+        "energy.parquet",
+        "summary.csv",
+        "plots/energy_per_token.png",
+        "config.yaml",
+        "grid/skipped.tsv",
+        "grid/jobs.tsv",
+    ]:
         assert (wf / "results" / out).is_file(), out
     again = snakemake(wf, f"--configfile={cfg}")
     assert again.returncode == 0
@@ -66,8 +78,17 @@ def test_rows_are_honest(local_run):
     assert not (e["gpu_energy_mj"].eq(0) & ~e["gpu_energy_status"].eq("short-window")).any()
     assert e["gpu_energy_detail"][unavailable].str.len().gt(0).all()
     assert e["config_hash"].str.len().gt(0).all() and e["code_version"].str.len().gt(0).all()
+    assert set(e["phase"]) == {"generate", "prefill"}
     s = pd.read_csv(wf / "results" / "summary.csv")
+    assert unexplained_nulls(s) == []  # every null in the summary has a status saying why
+    for col in ["energy_per_output_token_j_ci_low", "energy_per_output_token_j_ci_high",
+                "output_tokens_per_s_ci_low", "output_tokens_per_s_ci_high", "ci_status",
+                "decode_energy_per_output_token_j", "prefill_energy_per_request_j",
+                "prefill_decode_status"]:
+        assert col in s.columns, col
     assert set(s["dp"]) == {1, 2} and set(s["batch_size"]) == {1, 4}
+    for job in (wf / "results" / "shards").glob("**/job.json"):
+        assert (job.parent / "power.parquet").is_file()
     assert s["output_tokens_per_s"].gt(0).all()
     assert s.loc[s["energy_per_output_token_j"].isna(), "gpu_energy_status"].ne("measured").all()
 
@@ -114,8 +135,9 @@ def test_shell_characters_rejected_before_any_job(tmp_path):
 @pytest.mark.timeout(300)
 def test_unrunnable_layouts_listed_not_scheduled(tmp_path):
     wf = workflow_copy(tmp_path)
-    cfg = write_config(wf, {"parallel": {"tp": [1, 3], "pp": [1, 8], "dp": [1],
-                                         "max_gpus_per_job": 32}})
+    cfg = write_config(
+        wf, {"parallel": {"tp": [1, 3], "pp": [1, 8], "dp": [1], "max_gpus_per_job": 32}}
+    )
     proc = snakemake(wf, f"--configfile={cfg}", "results/grid/skipped.tsv", "results/grid/jobs.tsv")
     assert proc.returncode == 0, proc.stderr[-3000:]
     skipped = pd.read_csv(wf / "results" / "grid" / "skipped.tsv", sep="\t")

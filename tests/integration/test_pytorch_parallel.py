@@ -1,10 +1,11 @@
 """Real TP / PP / DP of the PyTorch backend under real torchrun, against one process.
 
 Two launches (start-up dominates a torchrun here, so each runs several layouts of one world size,
-see parallel_worker.py): 2 processes for tp2, pp2, dp2; 4 processes (oversubscribed on a small
-machine) for tp2 x dp2, pp2 x dp2 and tp2 x pp2. For every layout: the token ids the replicas'
-writers return, gathered in rank order, equal the single-process backend's on the same batches;
-prefill logits agree within 1e-4; the weights are really sharded / split.
+see parallel_worker.py): 2 processes for tp2 (local and DTensor execution), pp2, dp2; 4 processes
+(oversubscribed on a small machine) for tp2 x dp2, pp2 x dp2 and tp2 x pp2. For every layout: the
+token ids the replicas' writers return, gathered in rank order, equal the single-process
+backend's on the same batches; prefill logits agree within 1e-4; the weights are really sharded
+(own storage of 1/tp of the tensor) and split by stage.
 """
 
 from __future__ import annotations
@@ -39,8 +40,24 @@ NEW_TOKENS = 8
 LOGIT_TOL = 1e-4
 LAUNCH_TIMEOUT_S = 180
 
-WORLD2 = [ParallelLayout(2, 1, 1), ParallelLayout(1, 2, 1), ParallelLayout(1, 1, 2)]
-WORLD4 = [ParallelLayout(2, 1, 2), ParallelLayout(1, 2, 2), ParallelLayout(2, 2, 1)]
+# (layout, tp mode or None for the default): see pt_parallel.apply_tensor_parallel.
+WORLD2 = [
+    (ParallelLayout(2, 1, 1), None),
+    (ParallelLayout(2, 1, 1), "dtensor"),
+    (ParallelLayout(1, 2, 1), None),
+    (ParallelLayout(1, 1, 2), None),
+]
+WORLD4 = [
+    (ParallelLayout(2, 1, 2), None),
+    (ParallelLayout(1, 2, 2), None),
+    (ParallelLayout(2, 2, 1), None),
+]
+
+
+def case_name(case: tuple[ParallelLayout, str | None]) -> str:
+    layout, mode = case
+    return f"{layout}@{mode}" if mode else str(layout)
+
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +90,7 @@ def reference(tiny_model):
     backend.close()
 
 
-def _launch(nproc: int, layouts: list[ParallelLayout], model_dir: Path, out: Path) -> float:
+def _launch(nproc: int, cases: list, model_dir: Path, out: Path) -> float:
     """One torchrun of the worker; one retry on an unexplained SIGABRT (seen ~1 in 110 runs)."""
     prompts = out / "prompts.json"
     out.mkdir(parents=True, exist_ok=True)
@@ -81,7 +98,7 @@ def _launch(nproc: int, layouts: list[ParallelLayout], model_dir: Path, out: Pat
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         str(WORKER), "--model-dir", str(model_dir), "--prompts", str(prompts), "--out", str(out),
-        "--layouts", ",".join(str(lay) for lay in layouts),
+        "--layouts", ",".join(case_name(c) for c in cases),
         "--batch-size", str(BATCH_SIZE), "--new-tokens", str(NEW_TOKENS),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
@@ -114,17 +131,19 @@ def world4(tiny_model, tmp_path_factory) -> Path:
     return out
 
 
-def _records(out: Path, layout: ParallelLayout) -> list[dict]:
-    files = sorted((out / str(layout)).glob("rank*.pt"), key=lambda p: int(p.stem[4:]))
-    assert len(files) == layout.world_size, f"{layout}: rank files {files}"
+def _records(request, case) -> list[dict]:
+    layout = case[0]
+    out = request.getfixturevalue("world2" if layout.world_size == 2 else "world4")
+    files = sorted((out / case_name(case)).glob("rank*.pt"), key=lambda p: int(p.stem[4:]))
+    assert len(files) == layout.world_size, f"{case_name(case)}: rank files {files}"
     return [torch.load(f, weights_only=False) for f in files]
 
 
 @pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 60)
-@pytest.mark.parametrize("layout", WORLD2 + WORLD4, ids=str)
-def test_layout_matches_single_process(layout, request, reference, record_property):
-    out = request.getfixturevalue("world2" if layout.world_size == 2 else "world4")
-    records = _records(out, layout)
+@pytest.mark.parametrize("case", WORLD2 + WORLD4, ids=case_name)
+def test_layout_matches_single_process(case, request, reference, record_property):
+    layout = case[0]
+    records = _records(request, case)
     assert len({(r["audit"]["host"], r["audit"]["pid"]) for r in records}) == layout.world_size
 
     writers = set(layout.writer_ranks())
@@ -137,7 +156,7 @@ def test_layout_matches_single_process(layout, request, reference, record_proper
                 continue
             ref_tokens, ref_logits = reference(res["indices"])
             assert all(len(t) == NEW_TOKENS for t in res["tokens"])
-            assert res["tokens"] == ref_tokens, f"{layout} rank {rank} batch {res['indices']}"
+            assert res["tokens"] == ref_tokens, f"{case_name(case)} rank {rank} {res['indices']}"
             assert res["logits"].shape == ref_logits.shape
             max_diff = max(max_diff, (res["logits"] - ref_logits).abs().max().item())
             gathered_indices += res["indices"]
@@ -145,30 +164,39 @@ def test_layout_matches_single_process(layout, request, reference, record_proper
     # DP: the replicas' contiguous slices, gathered in rank order, are the prompts in order.
     assert gathered_indices == list(range(len(PROMPTS)))
     assert len(gathered_tokens) == len(PROMPTS)
-    assert max_diff <= LOGIT_TOL, f"{layout}: max |logit diff| {max_diff}"
+    assert max_diff <= LOGIT_TOL, f"{case_name(case)}: max |logit diff| {max_diff}"
     record_property("max_logit_diff", max_diff)
-    print(f"{layout}: max |prefill logit diff| = {max_diff:.3g}")
+    print(f"{case_name(case)}: max |prefill logit diff| = {max_diff:.3g}")
 
 
 @pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 60)
-@pytest.mark.parametrize("layout", WORLD2 + WORLD4, ids=str)
-def test_weights_really_sharded_and_split(layout, request, tiny_model):
-    out = request.getfixturevalue("world2" if layout.world_size == 2 else "world4")
+@pytest.mark.parametrize("case", WORLD2 + WORLD4, ids=case_name)
+def test_weights_really_sharded_and_split(case, request, tiny_model):
+    layout, mode = case
     cfg = json.loads((tiny_model / "config.json").read_text())
-    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-    for rec in _records(out, layout):
+    hidden, vocab, tp = cfg["hidden_size"], cfg["vocab_size"], layout.tp
+    head_dim = hidden // cfg["num_attention_heads"]
+    q_rows = cfg["num_attention_heads"] * head_dim // tp
+    kv_rows = cfg["num_key_value_heads"] * head_dim // tp
+    for rec in _records(request, case):
         c = layout.coords(rec["audit"]["rank"])
         h = rec["holdings"]
         assert h["layer_idx"] == list(layout.stage_layers(cfg["num_hidden_layers"], c.pp_rank))
         assert h["has_embed"] == (c.pp_rank == 0)
         assert h["has_head"] == (c.pp_rank == layout.pp - 1)
-        q_rows = cfg["num_attention_heads"] * head_dim // layout.tp
-        kv_rows = cfg["num_key_value_heads"] * head_dim // layout.tp
-        assert h["q_proj_local_shape"] == [q_rows, cfg["hidden_size"]]
-        assert h["k_proj_local_shape"] == [kv_rows, cfg["hidden_size"]]
-        assert h["o_proj_local_shape"] == [cfg["hidden_size"], q_rows]
-        assert h["down_proj_local_shape"] == [
-            cfg["hidden_size"],
-            cfg["intermediate_size"] // layout.tp,
-        ]
-        assert h["q_proj_is_dtensor"] == (layout.tp > 1)
+        expected = {
+            "q_proj": [q_rows, hidden],
+            "k_proj": [kv_rows, hidden],
+            "v_proj": [kv_rows, hidden],
+            "o_proj": [hidden, q_rows],
+            "down_proj": [hidden, cfg["intermediate_size"] // tp],
+        }
+        if h["has_embed"]:
+            expected["embed_tokens"] = [vocab // tp, hidden]
+        if h["has_head"]:
+            expected["lm_head"] = [vocab // tp, hidden]
+        for name, shape in expected.items():
+            assert h[f"{name}_local_shape"] == shape, name
+            # The shard owns its memory: no view keeping the whole tensor alive.
+            assert h[f"{name}_storage_bytes"] == h[f"{name}_shard_bytes"], name
+            assert h[f"{name}_is_dtensor"] == (tp > 1 and mode == "dtensor"), name

@@ -34,18 +34,36 @@ def parse_layout(text: str) -> ParallelLayout:
 
 
 def train_cfg(args) -> dict:
-    return {"steps": args.steps, "warmup_steps": 0, "seq_len": args.seq_len, "data": args.data,
-            "optimizer": args.optimizer, "lr": args.lr, "microbatches": args.microbatches}
+    return {
+        "steps": args.steps,
+        "warmup_steps": 0,
+        "seq_len": args.seq_len,
+        "data": args.data,
+        "optimizer": args.optimizer,
+        "lr": args.lr,
+        "microbatches": args.microbatches,
+    }
 
 
 def spec_for(args, layout: ParallelLayout) -> dict:
     """The slice of a job spec TrainingMeasurer reads (as rules/common.smk builds it)."""
     return {
-        "job": {"model": "tiny", "backend": "pytorch", "scenario": "training",
-                "tp": layout.tp, "pp": layout.pp, "dp": layout.dp},
-        "job_id": "worker", "config_hash": "h", "code_version": "test",
-        "seed": 0, "dtype": "float32", "model_dir": args.model_dir,
-        "workload": {"repetitions": 1}, "measurement": {"energy_source": "auto", "device": "cpu"},
+        "job": {
+            "model": "tiny",
+            "backend": "pytorch",
+            "scenario": "training",
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "dp": layout.dp,
+        },
+        "job_id": "worker",
+        "config_hash": "h",
+        "code_version": "test",
+        "seed": 0,
+        "dtype": "float32",
+        "model_dir": args.model_dir,
+        "workload": {"repetitions": 1},
+        "measurement": {"energy_source": "auto", "device": "cpu"},
         "training": train_cfg(args),
     }
 
@@ -79,8 +97,9 @@ def main() -> int:
         dist.check_world(dist.gather(ctx.audit()), layout)
         measurer = training.TrainingMeasurer(spec_for(args, layout), ctx, prompts)
         bs = args.global_batch // layout.dp
-        trainer = training.make_trainer(ctx, measurer.cfg, bs, measurer.samples, args.steps,
-                                        measurer.accelerator)
+        trainer = training.make_trainer(
+            ctx, measurer.cfg, bs, measurer.samples, args.steps, measurer.accelerator
+        )
         for _ in range(args.steps):
             trainer.step()
         losses = trainer.take_losses()

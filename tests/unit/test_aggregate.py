@@ -1,9 +1,10 @@
 import math
 
 import pandas as pd
-from tests_rows import row
 
 from energysweep import aggregate, shards
+
+from tests_rows import row
 
 
 def _agg(rows):

@@ -1,11 +1,12 @@
 import inspect
 
-import fake_pynvml
 import pynvml as real
 import pytest
 
 from energysweep import energy
 from energysweep.energy import nvml as es_nvml
+
+import fake_pynvml
 
 
 def test_fake_matches_real_api():

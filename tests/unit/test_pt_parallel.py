@@ -256,3 +256,21 @@ def test_zero_new_tokens(backend):
 def test_tp_or_pp_without_mesh_is_refused(hf_model):
     with pytest.raises(ValueError, match="mesh"):
         ptp.StageRunner(hf_model, ParallelLayout(1, 2, 1), 0, mesh=None)
+
+
+class _FakeMesh:
+    def __init__(self, size: int):
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+
+def test_tp_refuses_unknown_mode(hf_model):
+    with pytest.raises(ValueError, match="tp mode"):
+        ptp.apply_tensor_parallel(hf_model, _FakeMesh(2), mode="fast")
+
+
+def test_tp_refuses_a_degree_that_does_not_divide_the_heads(hf_model):
+    with pytest.raises(ValueError, match="tp=3 does not divide num_attention_heads=4"):
+        ptp.apply_tensor_parallel(hf_model, _FakeMesh(3))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import fake_pynvml
 import pyarrow.parquet as pq
 import pynvml as real
 import pytest
 
 from energysweep.energy import sampler
+
+import fake_pynvml
 
 
 def test_samples_by_uuid(fake_nvml):

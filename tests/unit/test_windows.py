@@ -6,13 +6,13 @@ the fake GPU's energy counter); the Measurer, JobMonitor and NVML source run for
 
 from __future__ import annotations
 
-import fake_pynvml
 import pytest
-import torch
 
 from energysweep import dist, run, shards
 from energysweep.energy import nvml as es_nvml
 from energysweep.grid import ParallelLayout
+
+import fake_pynvml
 
 GEN_S_PER_TOKEN = 0.01  # fake time per generated token (one iteration of a batch)
 GPU_BUSY_W = 400.0
@@ -47,7 +47,6 @@ class FakeBackend:
         self.clock = clock
         self.fail = fail
         self.calls: list[tuple[int, int]] = []  # (batch size, new tokens)
-        self.model = torch.nn.Linear(4, 4)  # 20 parameters
 
     def encode(self, prompts):
         return {"n": len(prompts)}
@@ -107,7 +106,7 @@ def spec(**measurement) -> dict:
     }
 
 
-def context(device: str) -> dist.RankContext:
+def context(device: str, model_dir: str = "no-checkpoint") -> dist.RankContext:
     layout = ParallelLayout(1, 1, 1)
     return dist.RankContext(
         layout=layout,
@@ -118,13 +117,28 @@ def context(device: str) -> dist.RankContext:
         device=device,
         host="h",
         pid=1,
-        model_dir="m",
+        model_dir=model_dir,
     )
 
 
+TINY = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=100,
+)
+# embed 1600 + lm_head 1600 + 2 x (q 256 + k 128 + v 128 + o 256 + mlp 1536 + norms 32) + 16
+TINY_PARAMETERS = 3200 + 2 * 2336 + 16
+
+
 @pytest.fixture
-def gpu_rank(fake_nvml, monkeypatch):
+def gpu_rank(fake_nvml, monkeypatch, tmp_path):
     """A rank on fake GPU 1 of 2 (by UUID), with a fake clock and backend."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(**TINY).save_pretrained(tmp_path)  # the checkpoint's config.json, no weights
     mod = fake_nvml(fake_pynvml.h100s(2))
     gpu = mod.fake_gpus[1]
     monkeypatch.setattr(run, "_gpu_uuids", lambda device: [gpu.uuid])
@@ -133,7 +147,7 @@ def gpu_rank(fake_nvml, monkeypatch):
 
     def make(backend=None, **measurement):
         s = spec(**measurement)
-        ctx = context("cuda:0")
+        ctx = context("cuda:0", model_dir=str(tmp_path))
         monitor = run.JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
         backend = backend or FakeBackend(clock)
         return run.Measurer(s, ctx, backend, [f"p{i}" for i in range(64)], monitor), backend
@@ -175,7 +189,9 @@ def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
         assert r["idle_gpu_power_w"] == pytest.approx(GPU_IDLE_W)
         assert r["idle_gpu_power_status"] == "measured" and r["idle_window_s"] == 2.0
         assert r["gpu_uuid"] == gpu.uuid and r["energy_source"] == "nvml"
-        assert r["model_parameters"] == 20 and r["model_parameters_method"] == "counted"
+        assert (
+            r["model_parameters"] == TINY_PARAMETERS and r["model_parameters_method"] == "counted"
+        )
         assert r["host_energy_status"] == "unavailable"  # host_energy_source: none
     prefill = [r for r in rows if r["phase"] == "prefill"]
     assert all(r["output_tokens"] == r["iterations"] * 4 for r in prefill)
@@ -187,6 +203,7 @@ def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
 def test_cpu_rank_spends_no_idle_time_and_says_why(monkeypatch):
     clock = Clock(None)
     s = spec()
+    s["model_entry"]["dims"] = {"num_parameters": 1234}  # no checkpoint here: the declared count
     ctx = context("cpu")
     monitor = run.JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
     measurer = run.Measurer(s, ctx, FakeBackend(clock), ["a", "b", "c"], monitor)
@@ -197,6 +214,9 @@ def test_cpu_rank_spends_no_idle_time_and_says_why(monkeypatch):
     assert {r["idle_gpu_power_status"] for r in rows} == {"unavailable"}
     assert all(r["gpu_energy_mj"] is None and r["idle_gpu_power_w"] is None for r in rows)
     assert {r["energy_source"] for r in rows} == {"none"}
+    assert {(r["model_parameters"], r["model_parameters_method"]) for r in rows} == {
+        (1234, "config")
+    }
 
 
 def test_idle_baseline_skipped(gpu_rank):
@@ -258,3 +278,14 @@ def test_batches_cycle_through_prompts(gpu_rank):
     assert len(batches) == 16  # 64 prompts / global batch 4
     seen = sorted(i for idx, _ in batches for i in idx)
     assert seen == list(range(64))
+
+
+def test_parameters_from_the_checkpoint_config(tmp_path):
+    """Counted on the meta device from config.json: no weights, tied embeddings once."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**TINY, tie_word_embeddings=True)
+    cfg.save_pretrained(tmp_path)
+    expected = LlamaForCausalLM(cfg).num_parameters()
+    assert run._count_parameters(str(tmp_path)) == expected
+    assert run._count_parameters(str(tmp_path / "missing")) is None

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from unittest import mock
 
-import fake_pynvml
 import pynvml as real
 import pytest
 
 from energysweep import energy
 from energysweep.energy import nvml as es_nvml
+
+import fake_pynvml
 
 zeus_gpu = pytest.importorskip("zeus.device.gpu")
 

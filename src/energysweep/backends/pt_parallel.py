@@ -11,7 +11,10 @@ One replica of the model is ``tp * pp`` ranks of the 3-D mesh ``("dp", "pp", "tp
   o/down ``RowwiseParallel``. The attention heads divide with the weights because HF Llama-style
   attention reshapes with ``view(*shape, -1, head_dim)`` (local heads = heads / tp) and keeps
   ``num_key_value_groups`` (a ratio, unchanged by an even split); the embedding (vocab rows) and
-  ``lm_head`` (vocab columns, gathered) are sharded too when tp divides the vocabulary.
+  ``lm_head`` (vocab columns, gathered) are sharded too when tp divides the vocabulary. By default
+  each sharded module is then swapped for a plain-tensor twin on the same shards with the same
+  explicit collective ("local" mode, :func:`apply_tensor_parallel`): identical numbers, without
+  DTensor's per-op host dispatch in the measured decode loop.
 
 Why ``parallelize_module`` rather than transformers' ``DistributedConfig(tp_size=...)``:
 transformers derives its own ("pp", "fsdp", "tp") mesh over the whole launched world inside

@@ -55,7 +55,9 @@ class PyTorchBackend:
             last=coords.pp_rank == layout.pp - 1,
         )
         if layout.tp > 1:
-            pt_parallel.apply_tensor_parallel(self.model, ctx.mesh["tp"])
+            # ctx.extra["tp_mode"]: "local" (default) or "dtensor", see apply_tensor_parallel.
+            mode = ctx.extra.get("tp_mode", "local")
+            pt_parallel.apply_tensor_parallel(self.model, ctx.mesh["tp"], mode)
         self.runner = pt_parallel.StageRunner(self.model, layout, ctx.rank, ctx.mesh)
 
     def encode(self, prompts: list[str]) -> dict:

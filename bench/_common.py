@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
@@ -24,11 +25,11 @@ VENV_BIN = Path(sys.executable).parent
 WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src", "envs")
 
 
-def workflow_copy(dst: Path) -> Path:
+def workflow_copy(dst: Path, root: Path = ROOT) -> Path:
     """Copy the workflow (not results/) to ``dst`` so a benchmark never touches the checkout's."""
     dst.mkdir(parents=True, exist_ok=True)
     for name in WORKFLOW_PARTS:
-        src = ROOT / name
+        src = root / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
@@ -53,8 +54,13 @@ class Timing:
     output: str
 
 
-def timed(argv: list[str], cwd: Path, timeout_s: float = 600, out_file: Path | None = None,
-          extra_env: dict | None = None) -> Timing:
+def timed(
+    argv: list[str],
+    cwd: Path,
+    timeout_s: float = 600,
+    out_file: Path | None = None,
+    extra_env: dict | None = None,
+) -> Timing:
     """Run ``argv`` to completion; wall time and the CPU time of its whole process tree.
 
     CPU time comes from RUSAGE_CHILDREN, which counts every waited-for descendant (torchrun's
@@ -64,8 +70,15 @@ def timed(argv: list[str], cwd: Path, timeout_s: float = 600, out_file: Path | N
     start = time.perf_counter()
     sink = open(out_file, "w") if out_file else subprocess.PIPE  # noqa: SIM115
     try:
-        proc = subprocess.run(argv, cwd=cwd, env={**env(), **(extra_env or {})}, stdout=sink,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env={**env(), **(extra_env or {})},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+        )
     finally:
         if out_file:
             sink.close()
@@ -93,6 +106,26 @@ def machine() -> str:
     except OSError:
         pass
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (f"{os.cpu_count()} cores, {model}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, load average {load}, "
-            f"{datetime.datetime.now().isoformat(timespec='seconds')}")
+    return (
+        f"{os.cpu_count()} cores, {model}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}, load average {load}, "
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}"
+    )
+
+
+BENCHMARK = '    benchmark:\n        f"benchmarks/measure/{PARAMS.wildcard_pattern}.tsv"\n'
+
+
+def add_benchmark_directive(wf: Path) -> None:
+    """Let Snakemake time each measure job: a `benchmark:` before the rule's `log:`."""
+    smk = wf / "rules" / "measure.smk"
+    text = smk.read_text()
+    new, n = re.subn(r"(rule measure:\n(?:.*\n)*?)(    log:\n)", rf"\1{BENCHMARK}\2", text, count=1)
+    if n != 1:
+        sys.exit("could not find the measure rule's log: directive to add benchmark: before it")
+    smk.write_text(new)
+
+
+def benchmark_path(job_dir: str) -> str:
+    """Where the added `benchmark:` directive writes a job's timings."""
+    return f"benchmarks/measure/{job_dir.split('shards/', 1)[1]}.tsv"

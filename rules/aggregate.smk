@@ -37,17 +37,25 @@ rule grid_tables:
         "../scripts/grid_tables.py"
 
 
+# Inputs are one job.json per job, not every shard: at 10^4 jobs x B x R shards, resolving each
+# shard as a DAG input dominated `snakemake -n` (bench/dag_scaling.py, bench/README.md). A
+# measure job writes job.json last and Snakemake only counts the job done once all its outputs
+# exist, so job.json stands for the job's shards; aggregate.job_shard_paths() derives their paths
+# and fails naming the job if one is missing (rerun it with --forcerun measure).
 rule merge_shards:
     input:
-        shards=get_all_shards(),
         jobs=get_all_job_records(),
     output:
-        energy="results/energy.parquet",
+        # Hive-partitioned Parquet dataset (model=.../backend=.../part-0.parquet) that pandas,
+        # pyarrow and DuckDB read as one table.
+        energy=directory("results/energy.parquet"),
         summary="results/summary.csv",
         environment="results/environment.parquet",
     log:
         "logs/merge_shards.log",
     conda:
         "../envs/base.yaml"
+    params:
+        shard_names=get_shard_names(),
     script:
         "../scripts/aggregate.py"

@@ -132,13 +132,9 @@ def get_job_spec(wildcards):
     }
 
 
-def get_all_shards():
-    return expand(
-        f"results/shards/{{params}}/bs~{{bs}}/rep~{{rep}}.parquet",
-        params=PARAMS.instance_patterns,
-        bs=BATCH_SIZES,
-        rep=REPS,
-    )
+def get_shard_names():
+    """Shard files inside each job directory, as rule measure names them (bs~B/rep~R.parquet)."""
+    return [f"bs~{bs}/rep~{rep}.parquet" for bs in BATCH_SIZES for rep in REPS]
 
 
 def get_all_job_records():
@@ -163,3 +159,28 @@ def get_mem_mb(wildcards, attempt):
     """Host memory per node (sbatch --mem); a retry after an OOM kill asks for more."""
     ranks_per_node = world_size(wildcards) // get_nodes(wildcards)
     return MEM_MB_PER_RANK * ranks_per_node * attempt
+
+
+# Snakemake reads an input/params/resources function's signature (inspect.signature) each time it
+# calls it: ~37 times per measure job, 7-9 % of `snakemake -n` at 3,000 jobs
+# (bench/dag_scaling.py, bench/README.md). Its own hook stores the parameters once per function.
+# Functions missing from this list still work, only without the saving.
+from snakemake.common import overwrite_function_params
+import inspect
+
+for _func in (
+    world_size,
+    get_nodes,
+    get_gpu,
+    get_gres,
+    get_mpi,
+    get_tasks,
+    get_tasks_per_gpu,
+    get_model_input,
+    get_conda_env,
+    get_tiny_spec,
+    get_model_dir,
+    get_job_spec,
+    get_mem_mb,
+):
+    overwrite_function_params(_func, inspect.signature(_func).parameters)

@@ -11,6 +11,10 @@ Derived, never stored in shards (rows keep gross energy):
 - per repetition, prefill energy per iteration from the prefill window and decode energy per
   output token = (generate - prefill energy per iteration) / (output tokens - requests per
   iteration): the prefill pass generates each request's first token;
+- training windows (phase ``train``): energy per training token = GPU energy / tokens trained on
+  (``input_tokens``, all replicas), training tokens and samples per second, and the window's
+  loss; output-token figures stay null for them (``output_token_status`` says why), as training
+  figures do for inference points (``training_status``);
 - per grid point, the median over ok repetitions and a bootstrap 95% CI of the median
   (:func:`bootstrap_ci`: numpy, fixed seed, 2000 resamples; null with ``ci_status`` when fewer
   than 2 repetitions are ok).
@@ -21,6 +25,11 @@ Every null in the summary is explained by a status column (:data:`NULL_STATUS`).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +49,22 @@ HEADLINE_PHASES = ("generate", "train")
 
 # Summary column -> the status columns that explain a null in it (any non-ok value explains).
 _ENERGY = ("gpu_energy_status", "status")
+# Training generates no output tokens (output_token_status says so); inference trains on none
+# (training_status says so).
+_OUTPUT_TOKEN_COLUMNS = (
+    "energy_per_output_token_j", "energy_per_output_token_j_ci_low",
+    "energy_per_output_token_j_ci_high", "output_tokens_per_s", "output_tokens_per_s_ci_low",
+    "output_tokens_per_s_ci_high", "output_tokens_per_window",
+    "energy_per_output_token_idle_adjusted_j", "host_energy_per_output_token_j",
+    "host_energy_per_output_token_idle_adjusted_j",
+)
+TRAINING_NULL_STATUS: dict[str, tuple[str, ...]] = {
+    "energy_per_train_token_j": ("training_status", *_ENERGY),
+    **{c: ("training_status", "ci_status", *_ENERGY) for c in (
+        "energy_per_train_token_j_ci_low", "energy_per_train_token_j_ci_high",
+    )},
+    **{c: ("training_status", "status") for c in ("train_tokens_per_s", "samples_per_s", "loss")},
+}
 NULL_STATUS: dict[str, tuple[str, ...]] = {
     **{c: _ENERGY for c in (
         "energy_per_output_token_j", "energy_per_request_j", "energy_per_iteration_j",
@@ -77,16 +102,82 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
     **{c: ("flops_status", "status") for c in ("flops_estimate_per_s",)},
     **{c: ("flops_status", *_ENERGY) for c in ("flops_estimate_per_j",)},
 }
+for _c in _OUTPUT_TOKEN_COLUMNS:
+    NULL_STATUS[_c] = ("output_token_status", *NULL_STATUS[_c])
+NULL_STATUS.update(TRAINING_NULL_STATUS)
 OK_STATUSES = {"ok", "measured", "counted", "config"}
+TRAIN_PHASE = "train"
+NOT_TRAINING = "not-applicable (inference: no optimizer steps)"
+NO_OUTPUT_TOKENS = "not-applicable (training generates no output tokens)"
 # Free-text columns: null means "nothing to report", not "not measured".
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
 
 
+# The merged dataset is partitioned by these columns (hive style: model=m/backend=b/part-0.parquet).
+PARTITION_KEYS = ["model", "backend"]
+
+
+def job_shard_paths(job_records: list[str | Path], shard_names: list[str]) -> list[Path]:
+    """Every job's shard paths: its job.json's directory joined with each shard name.
+
+    Raises FileNotFoundError naming the job when a shard is missing (its job.json stands for all
+    of the job's outputs in the merge rule, so Snakemake would not notice).
+    """
+    paths = []
+    for record in job_records:
+        job_dir = Path(record).parent
+        missing = [n for n in shard_names if not (job_dir / n).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{job_dir}: shards {missing} are missing although job.json exists; rerun the "
+                f"job (snakemake --forcerun {record})"
+            )
+        paths += [job_dir / n for n in shard_names]
+    return paths
+
+
 def merge(paths: list[str | Path]) -> pa.Table:
-    """Read every shard once, check its schema, and concatenate."""
+    """Read every shard once, check its schema, and concatenate.
+
+    Reads run on a few threads: pyarrow decodes without the GIL, and per-file open and decode
+    (not bytes) is the cost of many small shards (bench/merge_scaling.py).
+    """
     if not paths:
         return shards.SCHEMA.empty_table()
-    return pa.concat_tables([shards.read_shard(p) for p in paths])
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 1)) as pool:
+        return pa.concat_tables(list(pool.map(shards.read_shard, paths)))
+
+
+def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
+    """Write ``table`` as a hive-partitioned Parquet dataset at ``out_dir``, atomically.
+
+    It is written to a temp directory beside ``out_dir`` and renamed into place, so a reader sees
+    the old dataset or the new one, never a half-written one.
+    """
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        if table.num_rows:
+            ds.write_dataset(
+                table, tmp, format="parquet", partitioning=PARTITION_KEYS,
+                partitioning_flavor="hive", basename_template="part-{i}.parquet",
+                existing_data_behavior="overwrite_or_ignore", preserve_order=True,
+            )
+        else:  # no partitions to write: one empty file keeps the schema readable
+            pq.write_table(table, tmp / "part-0.parquet")
+        old = out.with_name(f".old-{out.name}-{uuid.uuid4().hex}") if out.exists() else None
+        if old:
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _all_or_nan(values: pd.Series) -> float:
@@ -179,6 +270,7 @@ def _window(group: pd.DataFrame) -> pd.Series:
             "cpu_time_s": group.drop_duplicates(["host", "pid"])["cpu_time_s"].sum(min_count=1),
             "model_parameters": first["model_parameters"],
             "flops_estimate": first["flops_estimate"],
+            "loss": first["loss"] if ok else np.nan,
             "flops_status": first["model_parameters_method"],
             "config_hash": first["config_hash"],
             "code_version": first["code_version"],
@@ -210,6 +302,11 @@ def windows(energy: pd.DataFrame) -> pd.DataFrame:
     w["zeus_nvml_energy_ratio"] = w["gpu_energy_zeus_j"] / w["gpu_energy_j"]
     w["flops_estimate_per_s"] = w["flops_estimate"] / w["duration_s"]
     w["flops_estimate_per_j"] = w["flops_estimate"] / w["gpu_energy_j"]
+    # Training windows: input_tokens = tokens trained on and requests = sequences (all replicas).
+    train = w["phase"] == TRAIN_PHASE
+    w["energy_per_train_token_j"] = (w["gpu_energy_j"] / w["input_tokens"]).where(train)
+    w["train_tokens_per_s"] = (w["input_tokens"] / w["duration_s"]).where(train)
+    w["samples_per_s"] = (w["requests"] / w["duration_s"]).where(train)
     return w
 
 
@@ -300,7 +397,19 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
             "output_tokens_per_s": _median(ok["output_tokens_per_s"]),
             "mean_gpu_power_w": _median(ok["mean_gpu_power_w"]),
         }
-        for metric in ("energy_per_output_token_j", "output_tokens_per_s", "mean_gpu_power_w"):
+        training = row["scenario"] == "training"
+        row.update(
+            {
+                "output_token_status": NO_OUTPUT_TOKENS if training else "ok",
+                "training_status": "ok" if training else NOT_TRAINING,
+                "energy_per_train_token_j": _median(ok["energy_per_train_token_j"]),
+                "train_tokens_per_s": _median(ok["train_tokens_per_s"]),
+                "samples_per_s": _median(ok["samples_per_s"]),
+                "loss": _median(ok["loss"]),
+            }
+        )
+        for metric in ("energy_per_output_token_j", "output_tokens_per_s", "mean_gpu_power_w",
+                       "energy_per_train_token_j"):
             row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = bootstrap_ci(ok[metric])
         row["ci_status"] = (
             "ok" if n_ok >= 2 else f"too-few-repetitions ({n_ok} ok; a CI needs 2 or more)"
@@ -336,7 +445,9 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
                       "decode_output_tokens_per_s"):
                 row[c] = np.nan
             row["prefill_decode_status"] = (
-                "no-prefill-window (measurement.prefill_pass: false)" if n_ok else "point-failed"
+                "not-applicable (training)" if training
+                else "no-prefill-window (measurement.prefill_pass: false)" if n_ok
+                else "point-failed"
             )
         host_statuses = sorted(set(ok["host_energy_status"])) if n_ok else ["unavailable"]
         row.update(
@@ -404,12 +515,13 @@ def aggregate(
     paths: list[str | Path], energy_out: str | Path, summary_out: str | Path,
     jobs: list[str | Path] | None = None, environment_out: str | Path | None = None,
 ) -> None:
-    """Merge shards into ``energy_out`` (Parquet) and write the per-point ``summary_out`` (CSV).
+    """Merge shards into ``energy_out`` (a hive-partitioned Parquet dataset, see
+    :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
 
     With ``jobs`` (job.json paths) and ``environment_out``, also write the environment table.
     """
     table = merge(paths)
-    shards.write_atomic(table, energy_out)
+    write_dataset(table, energy_out)
     summary = summarize(windows(table.to_pandas()))
     tmp = Path(summary_out).with_suffix(".csv.tmp")
     summary.to_csv(tmp, index=False)

@@ -2,6 +2,10 @@
 
 The audit makes the "degree 2, one effective worker" bug impossible: every rank reports who it is,
 and rank 0 refuses to measure unless the processes it sees are exactly the layout's world.
+
+What that world is depends on the backend's launch mode (energysweep.grid.LAUNCH_MODES): under
+torchrun one process per rank (tp*pp*dp); under direct/mpi one process per DP replica, whose GPU
+workers the engine spawns itself. ``backend`` defaults to ``pytorch`` (torchrun).
 """
 
 from __future__ import annotations
@@ -11,7 +15,13 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from energysweep.grid import ParallelLayout, RankCoords
+from energysweep.grid import (
+    ParallelLayout,
+    RankCoords,
+    expected_processes,
+    launch_mode,
+    process_coords,
+)
 
 
 class LayoutMismatch(RuntimeError):
@@ -82,22 +92,35 @@ def choose_device(requested: str, local_rank: int) -> str:
     return "cpu"
 
 
-def init(layout: ParallelLayout, device: str, timeout_s: float = 600) -> tuple[int, int, int]:
+def init(
+    layout: ParallelLayout,
+    device: str,
+    timeout_s: float = 600,
+    backend: str = "pytorch",
+    gpus_per_node: int | None = None,
+) -> tuple[int, int, int]:
     """Check the launcher started the layout's world, then start the process group.
 
     Raises:
-        LayoutMismatch: WORLD_SIZE differs from tp*pp*dp (e.g. one process where two were asked).
+        LayoutMismatch: WORLD_SIZE differs from the launcher processes the backend's launch mode
+            expects (e.g. one process where two were asked).
     """
     rank, local_rank, world = env_world()
-    if world != layout.world_size:
+    mode = launch_mode(backend, layout, gpus_per_node)
+    expected, _ = expected_processes(backend, layout, gpus_per_node)
+    if world != expected:
         raise LayoutMismatch(
-            f"layout {layout} expects world size {layout.world_size} but the launcher started "
-            f"world size {world} (WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}); refusing to measure"
+            f"layout {layout} ({backend}, launch {mode}) expects world size {expected} but the "
+            f"launcher started world size {world} (WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}); "
+            "refusing to measure"
         )
     if world > 1:
         import torch.distributed as dist
 
-        backend = "nccl" if device.startswith("cuda") else "gloo"
+        # Under direct/mpi the GPUs belong to the engine's workers: our processes only
+        # coordinate window edges and gather rows, on the CPU.
+        on_gpu = device.startswith("cuda") and mode == "torchrun"
+        backend = "nccl" if on_gpu else "gloo"
         kwargs = {}
         if backend == "nccl":
             import torch
@@ -110,20 +133,27 @@ def init(layout: ParallelLayout, device: str, timeout_s: float = 600) -> tuple[i
     return rank, local_rank, world
 
 
-def make_context(layout: ParallelLayout, device: str, **kw) -> RankContext:
+def make_context(
+    layout: ParallelLayout,
+    device: str,
+    backend: str = "pytorch",
+    gpus_per_node: int | None = None,
+    **kw,
+) -> RankContext:
     rank, local_rank, world = env_world()
+    mode = launch_mode(backend, layout, gpus_per_node)
     ctx = RankContext(
         layout=layout,
         rank=rank,
         local_rank=local_rank,
         world_size=world,
-        coords=layout.coords(rank),
+        coords=process_coords(mode, layout, rank),
         device=device,
         host=socket.gethostname(),
         pid=os.getpid(),
         **kw,
     )
-    if world > 1:
+    if world > 1 and mode == "torchrun":
         from torch.distributed.device_mesh import init_device_mesh
 
         ctx.mesh = init_device_mesh(
@@ -152,22 +182,29 @@ def barrier() -> None:
         dist.barrier()
 
 
-def check_world(audits: list[dict], layout: ParallelLayout) -> None:
-    """Rank 0's check: distinct processes == layout world, ranks 0..N-1 each once, coords agree.
+def check_world(
+    audits: list[dict],
+    layout: ParallelLayout,
+    backend: str = "pytorch",
+    gpus_per_node: int | None = None,
+) -> None:
+    """Rank 0's check: distinct processes == expected launchers, ranks 0..N-1 once, coords agree.
 
     Raises:
         LayoutMismatch: naming what the layout expects and what was observed.
     """
     procs = {(a["host"], a["pid"]) for a in audits}
     ranks = sorted(a["rank"] for a in audits)
-    expected = layout.world_size
+    mode = launch_mode(backend, layout, gpus_per_node)
+    expected, gpu_workers = expected_processes(backend, layout, gpus_per_node)
     if len(procs) != expected or ranks != list(range(expected)):
         raise LayoutMismatch(
-            f"layout {layout} expects {expected} distinct processes with ranks 0..{expected - 1}, "
-            f"observed {len(procs)} processes with ranks {ranks}"
+            f"layout {layout} ({backend}, launch {mode}) expects {expected} distinct processes "
+            f"with ranks 0..{expected - 1} ({gpu_workers} GPU workers), observed {len(procs)} "
+            f"processes with ranks {ranks}"
         )
     for a in audits:
-        c = layout.coords(a["rank"])
+        c = process_coords(mode, layout, a["rank"])
         if (a["dp_rank"], a["pp_rank"], a["tp_rank"]) != (c.dp_rank, c.pp_rank, c.tp_rank):
             raise LayoutMismatch(f"rank {a['rank']} reports coords that disagree with {layout}")
 

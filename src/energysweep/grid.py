@@ -40,6 +40,8 @@ BACKENDS: dict[str, dict] = {
         "scenarios": {"inference"},
         "launch": "torchrun",
         "launch_multi_node": "torchrun",
+        # external_launcher reads RANK/LOCAL_RANK/MASTER_* even for one rank: always torchrun.
+        "torchrun_always": True,
         "needs_gpu": True,
         "module": "vllm",
         "install_hint": "use envs/vllm.yaml (snakemake --software-deployment-method conda)",
@@ -210,10 +212,15 @@ def split_contiguous(n: int, parts: int, index: int) -> range:
     return range(start, start + floor + (1 if index < rem else 0))
 
 
-def launch_mode(backend: str, layout: ParallelLayout, gpus_per_node: int) -> str:
-    """The launch mode (a LAUNCH_MODES key) of ``backend`` for ``layout`` on nodes of that size."""
+def launch_mode(backend: str, layout: ParallelLayout, gpus_per_node: int | None = None) -> str:
+    """The launch mode (a LAUNCH_MODES key) of ``backend`` for ``layout`` on nodes of that size.
+
+    ``gpus_per_node=None`` means one node holds the job.
+    """
     caps = BACKENDS[backend]
-    return caps["launch"] if layout.nodes(gpus_per_node) == 1 else caps["launch_multi_node"]
+    if gpus_per_node is None or layout.nodes(gpus_per_node) == 1:
+        return caps["launch"]
+    return caps["launch_multi_node"]
 
 
 def launch_unsupported(backend: str, layout: ParallelLayout, gpus_per_node: int) -> list[str]:
@@ -238,7 +245,9 @@ def launch_unsupported(backend: str, layout: ParallelLayout, gpus_per_node: int)
     return []
 
 
-def expected_processes(backend: str, layout: ParallelLayout, gpus_per_node: int) -> tuple[int, int]:
+def expected_processes(
+    backend: str, layout: ParallelLayout, gpus_per_node: int | None = None
+) -> tuple[int, int]:
     """``(launchers, gpu_workers)`` a job of ``backend`` with ``layout`` must consist of.
 
     Launchers are the processes energysweep.run runs in (what the process audit counts); GPU

@@ -6,7 +6,19 @@ Launch modes (the backend table in energysweep.grid says which a backend uses):
 - ``torchrun`` many nodes: ``srun --nodes K --ntasks-per-node 1 torchrun --nnodes K
   --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HEAD:PORT --rdzv-id JOBID``, the port
   derived from the Slurm job id (the default 29400 collides when jobs share a head node);
-- ``direct``: one process (the backend spawns its own workers).
+- ``direct`` (TensorRT-LLM on one node): one process per DP replica, the engine spawns its tp*pp
+  GPU workers; dp == 1 is ``python -m energysweep.run``; dp > 1 is ``torchrun --standalone
+  --nproc-per-node DP -m energysweep.launch --replica-gpus TP*PP``, which gives each replica its
+  own disjoint GPU set (CUDA_VISIBLE_DEVICES) before anything touches CUDA, then execs the run;
+- ``mpi`` (TensorRT-LLM, a replica larger than a node, dp == 1): ``srun --mpi=pmix --nodes K
+  --ntasks-per-node TP*PP/K trtllm-llmapi-launch python -m energysweep.run``; MPI ranks == tp*pp.
+vLLM runs under ``torchrun`` like PyTorch, even with one rank: every rank is one vLLM engine with
+``distributed_executor_backend="external_launcher"``, which reads RANK/LOCAL_RANK/MASTER_* from
+torchrun. Which mode a backend uses is data (energysweep.grid.BACKENDS / launch_mode).
+
+Ports: concurrent jobs on one node must never share one. torchrun --standalone picks a free port;
+a multi-node rendezvous and vLLM's ``VLLM_PORT`` are derived from the Slurm job id (distinct jobs
+running together have nearby ids, hence distinct ports), or are a free port outside Slurm.
 
 Everything is an argv list: no value ever passes through a shell.
 """
@@ -23,15 +35,73 @@ from pathlib import Path
 
 from energysweep.config import config_hash
 from energysweep.envinfo import code_version
-from energysweep.grid import BACKENDS, ParallelLayout
+from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
 
 PORT_BASE = 15000
 PORT_SPAN = 15000  # [15000, 30000): below the Linux ephemeral range (32768+)
+# vLLM's own sockets start at VLLM_PORT and step upwards past busy ports, so each job gets a
+# block of this many ports in [5000, 15000), apart from the rendezvous range above.
+VLLM_PORT_BASE = 5000
+VLLM_PORT_BLOCK = 10
+VLLM_PORT_SLOTS = 1000
 
 
 def rendezvous_port(job_id: str | int) -> int:
     """A port for this job's rendezvous, derived from the (Slurm) job id."""
     return PORT_BASE + int(job_id) % PORT_SPAN
+
+
+def vllm_port(job_id: str | int) -> int:
+    """``VLLM_PORT`` of a Slurm job: its own block of ports, derived from the job id."""
+    return VLLM_PORT_BASE + (int(job_id) % VLLM_PORT_SLOTS) * VLLM_PORT_BLOCK
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (outside Slurm, where there is no job id)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backend_env(backend: str, slurm_job_id: str | None = None) -> dict[str, str]:
+    """Environment variables a backend's processes need, beyond the common ones."""
+    if backend == "vllm":
+        return {
+            "VLLM_PORT": str(vllm_port(slurm_job_id) if slurm_job_id else free_port()),
+            # external_launcher runs the engine core inside each rank (vLLM sets this itself for
+            # that executor; set here so the job's environment record says so).
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        }
+    return {}
+
+
+def replica_visible_devices(
+    visible: str | None, local_rank: int, gpus_per_replica: int, local_replicas: int
+) -> str:
+    """CUDA_VISIBLE_DEVICES of DP replica ``local_rank`` on its node: a contiguous, disjoint slice.
+
+    Args:
+        visible: the job's CUDA_VISIBLE_DEVICES (set by Slurm for the allocation), or None for
+            all GPUs of the machine (numbered 0..N-1).
+        local_rank: the replica's index on this node.
+        gpus_per_replica: tp*pp.
+        local_replicas: replicas on this node.
+    """
+    devices = (
+        [d.strip() for d in visible.split(",") if d.strip()]
+        if visible is not None
+        else [str(i) for i in range(gpus_per_replica * local_replicas)]
+    )
+    need = gpus_per_replica * local_replicas
+    if len(devices) < need:
+        raise ValueError(
+            f"{local_replicas} replicas of {gpus_per_replica} GPUs need {need} GPUs, "
+            f"CUDA_VISIBLE_DEVICES={visible!r} has {len(devices)}"
+        )
+    start = local_rank * gpus_per_replica
+    return ",".join(devices[start : start + gpus_per_replica])
 
 
 def build_argv(
@@ -45,8 +115,30 @@ def build_argv(
 ) -> list[str]:
     """The command that starts every process of one job."""
     entry = ["-m", "energysweep.run", "--spec", str(spec_path)]
-    mode = BACKENDS[backend]["launch"]
-    if mode == "direct" or layout.world_size == 1:
+    mode = launch_mode(backend, layout, gpus_per_node)
+    if mode == "direct":
+        if layout.dp == 1:
+            # One replica: one process; the engine spawns its tp*pp GPU workers itself.
+            return [python, *entry]
+        return [
+            python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(layout.dp),
+            "-m", "energysweep.launch", "--replica-gpus", str(layout.ranks_per_replica),
+            "--spec", str(spec_path),
+        ]
+    if mode == "mpi":
+        nodes = layout.nodes(gpus_per_node)
+        if layout.dp != 1 or layout.ranks_per_replica % nodes:
+            raise ValueError(f"{backend} cannot run {layout} on nodes of {gpus_per_node} GPUs")
+        # The launcher script of the same environment as the interpreter: rank 0 runs our
+        # entry point, the other MPI ranks serve as the engine's workers.
+        launcher = str(Path(python).with_name("trtllm-llmapi-launch"))
+        return [
+            "srun", "--mpi=pmix", "--nodes", str(nodes),
+            "--ntasks-per-node", str(layout.ranks_per_replica // nodes), "--kill-on-bad-exit=1",
+            launcher, python, *entry,
+        ]
+    if layout.world_size == 1 and not BACKENDS[backend].get("torchrun_always"):
         # One process: no launcher; run.py sees WORLD_SIZE unset, i.e. 1.
         return [python, *entry]
     nodes = layout.nodes(gpus_per_node)
@@ -70,9 +162,16 @@ def build_argv(
     ]
 
 
-def build_env(layout: ParallelLayout, base: dict | None = None, threads: int | None = None) -> dict:
+def build_env(
+    layout: ParallelLayout,
+    base: dict | None = None,
+    threads: int | None = None,
+    backend: str = "pytorch",
+    slurm_job_id: str | None = None,
+) -> dict:
     """Environment for the job's processes."""
     env = dict(os.environ if base is None else base)
+    env.update(backend_env(backend, slurm_job_id))
     # CUDA then numbers GPUs as NVML does; GPUs are still resolved by UUID for energy.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["PYTHONUNBUFFERED"] = "1"
@@ -144,7 +243,8 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
     base.mkdir(parents=True, exist_ok=True)
     Path(spec_path).write_text(json.dumps(spec, indent=2))
     ranks_here = layout.world_size // layout.nodes(gpus_per_node)
-    env = build_env(layout, threads=cpus // max(1, ranks_here))
+    env = build_env(layout, threads=cpus // max(1, ranks_here), backend=spec["job"]["backend"],
+                    slurm_job_id=slurm_id)
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
         proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -162,3 +262,29 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
             os.replace(src, dst)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def replica_main(argv: list[str] | None = None) -> None:
+    """``python -m energysweep.launch --replica-gpus N --spec F`` (one DP replica under torchrun).
+
+    Restricts this process to its replica's GPUs, then replaces itself with energysweep.run (same
+    pid, so torchrun still supervises it). CUDA_VISIBLE_DEVICES only works if set before CUDA
+    initialises, hence a separate step before the run imports anything.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(description=replica_main.__doc__.splitlines()[0])
+    parser.add_argument("--replica-gpus", type=int, required=True, help="GPUs per replica")
+    parser.add_argument("--spec", required=True, help="job spec JSON")
+    args = parser.parse_args(argv)
+    os.environ["CUDA_VISIBLE_DEVICES"] = replica_visible_devices(
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        int(os.environ.get("LOCAL_RANK", 0)),
+        args.replica_gpus,
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+    )
+    os.execv(sys.executable, [sys.executable, "-m", "energysweep.run", "--spec", args.spec])
+
+
+if __name__ == "__main__":
+    replica_main()

@@ -36,7 +36,8 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("global_batch_size", pa.int32(), False, "batch_size * dp"),
     ("repetition", pa.int16(), False, "repetition index of this window"),
     ("phase", pa.string(), False,
-     "what the window ran: generate (output_tokens new tokens) | prefill (1 new token)"),
+     "what the window ran: generate (output_tokens new tokens) | prefill (1 new token) | "
+     "train (optimizer steps)"),
     ("status", pa.string(), False, "ok | oom | error"),
     ("error", pa.string(), True, "error message when status != ok"),
     ("window_start_ns", pa.int64(), True, "window start, ns since epoch (after sync + barrier)"),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import traceback
 
 import torch
@@ -49,14 +50,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from energysweep import dist
-from energysweep.energy import CpuTime, GpuReading, make_source, wall_ns
+from energysweep.energy import wall_ns
 from energysweep.grid import ParallelLayout
-from energysweep.run import _base_row, _gpu_uuids, _prompt_indices, _reading_cols, _window_cols
+from energysweep.run import PHASE_GENERATE, Measurer, _prompt_indices
 
 log = logging.getLogger(__name__)
 
 PHASE = "train"
 OPTIMIZERS = ("adamw", "sgd")
+# Length of the Accelerate dataloader when the step count is not known in advance.
+UNBOUNDED_STEPS = 2**40
 
 
 # ----------------------------------------------------------------------------------------------
@@ -69,7 +72,7 @@ def uses_accelerate(layout: ParallelLayout) -> bool:
 
 
 def effective_microbatches(batch_size: int, requested: int) -> int:
-    """GPipe micro-batches for one step: the largest divisor of ``batch_size`` not above ``requested``.
+    """GPipe micro-batches of a step: the largest divisor of ``batch_size`` not above ``requested``.
 
     Equal micro-batches keep the mean of micro-batch losses equal to the batch's mean loss (the
     schedule divides gradients by the micro-batch count), so PP matches one process exactly.
@@ -92,7 +95,7 @@ def window_loss(per_replica: list[list[float]]) -> tuple[float, list[float]]:
     steps = {len(r) for r in per_replica}
     if len(steps) != 1:
         raise ValueError(f"replicas report different step counts {sorted(steps)}")
-    per_step = [sum(vals) / len(vals) for vals in zip(*per_replica)]
+    per_step = [sum(vals) / len(vals) for vals in zip(*per_replica, strict=True)]
     return sum(per_step) / len(per_step), per_step
 
 
@@ -137,12 +140,14 @@ def check_accelerate_world(views: list[dict], layout: ParallelLayout, devices: l
             f"(distributed_type {'/'.join(types)}) on ranks {[v['rank'] for v in views]}"
         )
     elif expected > 1 and "NO" in types:
-        problems.append(f"layout {layout} has dp={expected} but Accelerate reports distributed_type NO")
+        problems.append(f"layout {layout} has dp={expected} but Accelerate reports NO distribution")
     indices = [v["process_index"] for v in views]
     if not problems and indices != [v["rank"] for v in views]:
         problems.append(f"Accelerate process indices {indices} differ from the torchrun ranks")
     bad_dev = [
-        (v["rank"], v["device"], d) for v, d in zip(views, devices) if not same_device(v["device"], d)
+        (v["rank"], v["device"], d)
+        for v, d in zip(views, devices, strict=True)
+        if not same_device(v["device"], d)
     ]
     if bad_dev:
         problems.append(
@@ -208,7 +213,7 @@ class TokenDataset(torch.utils.data.Dataset):
 
 
 def synthetic_samples(vocab_size: int, seq_len: int, seed: int, n: int = 256) -> torch.Tensor:
-    """``n`` sequences of uniformly random token ids from a seeded generator (same on every rank)."""
+    """``n`` sequences of uniformly random token ids from a seeded generator (same on all ranks)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (n, seq_len), generator=gen, dtype=torch.long)
 
@@ -244,7 +249,8 @@ def load_samples(cfg: dict, model_dir: str, prompts: list[str], seed: int) -> to
     if cfg["data"] == "prompts":
         from transformers import AutoTokenizer
 
-        return packed_prompt_samples(prompts, AutoTokenizer.from_pretrained(model_dir), cfg["seq_len"])
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        return packed_prompt_samples(prompts, tokenizer, cfg["seq_len"])
     raise ValueError(f"training.data {cfg['data']!r} is not prompts or synthetic")
 
 
@@ -269,7 +275,9 @@ class TrainStage(nn.Module):
         pt_parallel._decoder(model)  # refuses non-Llama-style models with a clear message
         self.attn = model.config._attn_implementation
         if self.attn not in pt_parallel.SUPPORTED_ATTENTION:
-            raise ValueError(f"attention {self.attn!r} unsupported; use {pt_parallel.SUPPORTED_ATTENTION}")
+            raise ValueError(
+                f"attention {self.attn!r} unsupported; use {pt_parallel.SUPPORTED_ATTENTION}"
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from energysweep.backends.pt_parallel import position_ids_from_mask, stage_attention_mask
@@ -310,11 +318,18 @@ def _load_stage(ctx: dist.RankContext) -> tuple[nn.Module, range]:
         raise ValueError(f"layout {layout} cannot train {ctx.model_dir}: " + "; ".join(reasons))
     layers = layout.stage_layers(config.num_hidden_layers, c.pp_rank)
     model = pt_parallel.load_stage_model(
-        ctx.model_dir, DTYPES[ctx.dtype], torch.device(ctx.device), layers,
-        first=c.pp_rank == 0, last=c.pp_rank == layout.pp - 1,
+        ctx.model_dir,
+        DTYPES[ctx.dtype],
+        torch.device(ctx.device),
+        layers,
+        first=c.pp_rank == 0,
+        last=c.pp_rank == layout.pp - 1,
     )
     if layout.tp_enabled:
-        pt_parallel.apply_tensor_parallel(model, ctx.mesh["tp"])
+        # DTensor mode: its redistributions are differentiable. The inference default ("local")
+        # swaps in plain modules whose weights do not require grad and whose collectives have
+        # no backward.
+        pt_parallel.apply_tensor_parallel(model, ctx.mesh["tp"], mode="dtensor")
     return model.train(), layers
 
 
@@ -339,7 +354,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 class AccelerateTrainer:
     """Pure data parallelism through Accelerate (``prepare``, ``backward``, ``gather``)."""
 
-    def __init__(self, accelerator, ctx, cfg, batch_size: int, samples: torch.Tensor, n_steps: int):
+    def __init__(
+        self, accelerator, ctx, cfg, batch_size: int, samples: torch.Tensor, n_steps: int | None
+    ):
         from torch.utils.data import DataLoader
 
         self.acc = accelerator
@@ -350,8 +367,10 @@ class AccelerateTrainer:
         optimizer = _optimizer(cfg, stage.parameters())
         # Unshuffled; prepare() shards it per process: process d of step s reads global samples
         # [s*G + d*bs, s*G + (d+1)*bs), G = bs*dp — the same split as run._prompt_indices.
+        # n_steps None: the window rule decides the step count at run time (samplers are lazy).
+        steps = UNBOUNDED_STEPS if n_steps is None else n_steps
         loader = DataLoader(
-            TokenDataset(samples, n_steps * batch_size * ctx.layout.dp), batch_size=batch_size
+            TokenDataset(samples, steps * batch_size * ctx.layout.dp), batch_size=batch_size
         )
         self.model, self.optimizer, self.loader = accelerator.prepare(stage, optimizer, loader)
         self._batches = iter(self.loader)
@@ -412,6 +431,7 @@ class MeshTrainer:
         cfg = self.hf_model.config
         dtype = next(self.stage.parameters()).dtype
         mb = self.batch_size // microbatches
+
         def meta(*shape, dtype=dtype, grad=True):
             return torch.empty(*shape, dtype=dtype, device="meta").requires_grad_(grad)
 
@@ -419,8 +439,12 @@ class MeshTrainer:
         # requiring grad, or the stage would send no input gradient back to the previous one.
         hidden = (mb, seq_len, cfg.hidden_size)
         stage = PipelineStage(
-            self.stage, c.pp_rank, layout.pp, self.device,
-            input_args=meta(mb, seq_len, dtype=torch.long, grad=False) if self.first
+            self.stage,
+            c.pp_rank,
+            layout.pp,
+            self.device,
+            input_args=meta(mb, seq_len, dtype=torch.long, grad=False)
+            if self.first
             else meta(*hidden),
             output_args=meta(mb, seq_len, cfg.vocab_size) if self.last else meta(*hidden),
             group=self.ctx.mesh.get_group("pp"),
@@ -428,8 +452,13 @@ class MeshTrainer:
         return ScheduleGPipe(stage, n_microbatches=microbatches, loss_fn=causal_lm_loss)
 
     def _batch(self) -> torch.Tensor:
-        idx = _prompt_indices(self._step, self.batch_size, self.ctx.layout.dp,
-                              self.ctx.coords.dp_rank, len(self.samples))
+        idx = _prompt_indices(
+            self._step,
+            self.batch_size,
+            self.ctx.layout.dp,
+            self.ctx.coords.dp_rank,
+            len(self.samples),
+        )
         return self.samples[idx].to(self.device)
 
     def step(self) -> None:
@@ -452,7 +481,7 @@ class MeshTrainer:
             self._losses.append(loss.detach())
 
     def _all_reduce_grads(self) -> None:
-        """Average gradients over the DP replicas: one flat all-reduce per dtype (DTensor: local)."""
+        """Average gradients over DP replicas: one flat all-reduce per dtype (DTensors: local)."""
         grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
         local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -515,12 +544,14 @@ def audit_accelerator(accelerator, ctx: dist.RankContext) -> dict:
     return view
 
 
-def make_trainer(ctx, cfg: dict, batch_size: int, samples: torch.Tensor, n_steps: int,
-                 accelerator=None):
+def make_trainer(
+    ctx, cfg: dict, batch_size: int, samples: torch.Tensor, n_steps: int | None, accelerator=None
+):
     """The trainer for this rank's layout at one batch size (a fresh copy of the checkpoint).
 
     Args:
-        n_steps: optimizer steps the trainer will run (sizes the Accelerate dataloader).
+        n_steps: optimizer steps the trainer will run (sizes the Accelerate dataloader); None:
+            not known in advance.
         accelerator: required for pure-DP layouts (see :func:`uses_accelerate`).
     """
     from accelerate.utils import set_seed
@@ -532,8 +563,12 @@ def make_trainer(ctx, cfg: dict, batch_size: int, samples: torch.Tensor, n_steps
         return AccelerateTrainer(accelerator, ctx, cfg, batch_size, samples, n_steps)
     micro = effective_microbatches(batch_size, cfg["microbatches"])
     if ctx.layout.pp_enabled and micro != cfg["microbatches"]:
-        log.warning("batch_size %d: %d GPipe micro-batches instead of %d (must divide the batch)",
-                    batch_size, micro, cfg["microbatches"])
+        log.warning(
+            "batch_size %d: %d GPipe micro-batches instead of %d (must divide the batch)",
+            batch_size,
+            micro,
+            cfg["microbatches"],
+        )
     return MeshTrainer(ctx, cfg, batch_size, samples, micro)
 
 
@@ -545,24 +580,19 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-class TrainingMeasurer:
-    """Runs the training windows of one job on one rank (same interface as ``run.Measurer``).
+class TrainingMeasurer(Measurer):
+    """Runs the training windows of one job on one rank; ``run.main`` drives it like a Measurer.
 
-    Attributes used by ``run.main``: ``point(bs)``, ``generations`` (always empty: training
-    generates nothing), ``window_ns_total``, ``energy`` (closed by run.main), ``close()``.
+    Reuses :class:`energysweep.run.Measurer`'s set-up (the monitor's GPU and host sources, the
+    parameter count) and row builder; replaces what a point runs. ``generations`` stays empty
+    (training generates nothing). Window rule as for inference (run's module docstring): a window
+    runs at least ``training.steps`` optimizer steps and repeats steps until it also lasts
+    ``measurement.min_window_s``; all ranks stop after the same step.
     """
 
-    def __init__(self, spec: dict, ctx: dist.RankContext, prompts: list[str]):
-        self.spec = spec
-        self.ctx = ctx
+    def __init__(self, spec: dict, ctx: dist.RankContext, prompts: list[str], monitor):
+        super().__init__(spec, ctx, None, prompts, monitor)
         self.cfg = training_config(spec)
-        self.reps = spec["workload"]["repetitions"]
-        self.energy = make_source(
-            spec["measurement"]["energy_source"], ctx.device, _gpu_uuids(ctx.device)
-        )
-        self.cpu = CpuTime()
-        self.window_ns_total = 0
-        self.generations: list[dict] = []
         self.last_step_losses: list[list[float]] = []  # per window of the last point (for tests)
         self.accelerator = None
         if uses_accelerate(ctx.layout):
@@ -572,51 +602,77 @@ class TrainingMeasurer:
         self.samples = load_samples(self.cfg, ctx.model_dir, prompts, spec["seed"])
 
     def _sync(self) -> None:
-        if self.ctx.device.startswith("cuda"):
-            torch.cuda.synchronize(torch.device(self.ctx.device))
+        self.monitor.synchronize()
 
-    def _rows(self, bs: int, rep: int, start: int, end: int, loss: float, readings, cpu_s):
-        steps, seq = self.cfg["steps"], self.cfg["seq_len"]
+    def train_window(self, trainer, bs: int) -> dict:
+        """One measured window of optimizer steps; the run.Measurer.window dict plus the loss."""
+        min_steps = self.cfg["steps"]
+        self._sync()
+        dist.barrier()
+        start = wall_ns()
+        t0 = self.clock()
+        self.energy.begin()
+        self.host.begin()
+        self.cpu.begin()
+        steps, target = 0, min_steps
+        while True:
+            while steps < target:
+                trainer.step()
+                steps += 1
+            elapsed = min(dist.gather(self.clock() - t0))  # the same decision on every rank
+            if elapsed >= self.min_window_s:
+                break
+            per_step = elapsed / steps
+            more = (self.min_window_s - elapsed) / per_step * 1.05 if per_step > 0 else steps
+            target = steps + max(1, math.ceil(more))
+        self._sync()
+        dist.barrier()
+        end = wall_ns()
+        readings = self.energy.end()
+        host = self.host.end()
+        cpu_s = self.cpu.end()
+        self.window_ns_total += end - start
+        per_step_loss = trainer.take_losses()  # after the window: a collective + host sync
         # Per-rank counts are non-zero only on each replica's writer; run._finalize_window sums
         # them over ranks into the window total (all replicas).
-        writer = self.ctx.coords.is_writer
-        base = {**_base_row(self.spec, self.ctx, bs, rep), "phase": PHASE, "loss": loss}
-        cols = _window_cols(start=start, end=end, iters=steps, req=bs * steps if writer else 0,
-                            tin=bs * steps * seq if writer else 0, tout=None)
-        return [{**base, **cols, **_reading_cols(r), "cpu_time_s": cpu_s} for r in readings]
+        tokens = bs * steps * self.cfg["seq_len"] if self.ctx.coords.is_writer else 0
+        return {
+            "start": start,
+            "end": end,
+            "iterations": steps,
+            "tin": tokens,
+            "tout": None,
+            "readings": readings,
+            "host": host,
+            "cpu_s": cpu_s,
+            "loss": sum(per_step_loss) / len(per_step_loss),
+            "step_losses": per_step_loss,
+        }
+
+    def _failed_rows(self, bs: int, rep: int, status: str, msg: str) -> list[dict]:
+        # Inference's failed rows cover its phases; a training point has the one phase.
+        rows = super()._failed_rows(bs, rep, status, msg)
+        return [{**r, "phase": PHASE} for r in rows if r["phase"] == PHASE_GENERATE]
 
     def point(self, bs: int) -> list[list[dict]]:
         """All windows of one batch size: a list (one per repetition) of this rank's rows."""
-        steps, warmup = self.cfg["steps"], self.cfg["warmup_steps"]
+        reps = self.wl["repetitions"]
+        cooldown_s = float(self.m.get("cooldown_s", 0))
         windows: list[list[dict]] = []
         self.last_step_losses = []
         error = None
         trainer = None
         try:
-            trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, warmup + self.reps * steps,
-                                   self.accelerator)
-            for _ in range(warmup):
+            trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
+            for _ in range(self.cfg["warmup_steps"]):
                 trainer.step()
-            if warmup:
+            if self.cfg["warmup_steps"]:
                 trainer.take_losses()
-            for rep in range(self.reps):
-                self._sync()
-                dist.barrier()
-                start = wall_ns()
-                self.energy.begin()
-                self.cpu.begin()
-                for _ in range(steps):
-                    trainer.step()
-                self._sync()
-                dist.barrier()
-                end = wall_ns()
-                readings = self.energy.end()
-                cpu_s = self.cpu.end()
-                self.window_ns_total += end - start
-                per_step = trainer.take_losses()  # after the window: a collective + host sync
-                self.last_step_losses.append(per_step)
-                loss = sum(per_step) / len(per_step)
-                windows.append(self._rows(bs, rep, start, end, loss, readings, cpu_s))
+            for rep in range(reps):
+                self.sleep(cooldown_s)
+                w = self.train_window(trainer, bs)
+                self.last_step_losses.append(w["step_losses"])
+                windows.append([{**r, "loss": w["loss"]} for r in self._rows(bs, rep, PHASE, w)])
         except dist.LayoutMismatch:
             raise
         except Exception as exc:  # recorded per point; the job continues with the next batch size
@@ -633,14 +689,7 @@ class TrainingMeasurer:
         if errors:
             status = "oom" if any(s == "oom" for s, _ in errors) else "error"
             msg = "; ".join(sorted({m for _, m in errors}))[:2000]
-            fail = GpuReading(None, None, None, None, None, "unavailable", "none",
-                              f"grid point failed ({status}); nothing measured")
-            windows = [
-                [{**_base_row(self.spec, self.ctx, bs, rep), "phase": PHASE, "loss": None,
-                  **_window_cols(status=status, error=msg), **_reading_cols(fail),
-                  "cpu_time_s": None}]
-                for rep in range(self.reps)
-            ]
+            windows = [self._failed_rows(bs, rep, status, msg) for rep in range(reps)]
         return windows
 
     def close(self) -> None:

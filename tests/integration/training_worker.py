@@ -1,17 +1,22 @@
 """Per-rank worker for test_training.py, run under real torchrun (or alone for the reference).
 
 Trains several layouts of one world size in one launch (start-up dominates a torchrun here) with
-the production code of :mod:`energysweep.training`: for each layout, a fresh copy of the
-checkpoint trains ``--steps`` optimizer steps at per-replica batch ``--global-batch / dp``. Rank 0
-writes ``OUT/<layout>/losses.json`` (per-step global-batch losses); every rank holding a stage's
-full parameters (tp rank 0 of each stage of replica 0) writes ``OUT/<layout>/params-pp<s>.pt``.
+the production code of :mod:`energysweep.training`, set up as ``run.main`` sets it up (rank
+context, process audit, JobMonitor, TrainingMeasurer). For each layout:
+
+1. a fresh copy of the checkpoint trains ``--steps`` optimizer steps at per-replica batch
+   ``--global-batch / dp``; rank 0 writes ``OUT/<layout>/losses.json`` (per-step global-batch
+   losses), and tp rank 0 of each stage of replica 0 writes ``OUT/<layout>/params-pp<s>.pt``
+   (full parameters by checkpoint name);
+2. with ``--measure``, one measured grid point (``TrainingMeasurer.point``) whose rows, merged
+   by ``run._finalize_window``, rank 0 writes as a real shard ``OUT/<layout>/shard.parquet``.
 
 ``--mistake accelerate-no-cpu`` reproduces the silent single-process trap: it replaces
-``training.make_accelerator`` by a plain ``Accelerator()`` (no ``cpu=True``) and builds the
-TrainingMeasurer exactly as run.main does; the audit must fail the job.
+``training.make_accelerator`` by a plain ``Accelerator()`` (no ``cpu=True``) before the
+TrainingMeasurer is built; the audit must fail the job.
 
 Usage: torchrun --standalone --nproc-per-node N training_worker.py --model-dir D --out OUT
-           --layouts tp1-pp1-dp2,tp2-pp1-dp1 [--global-batch 4] [--steps 3] [--mistake ...]
+           --layouts tp1-pp1-dp2,tp2-pp1-dp1 [--global-batch 4] [--steps 3] [--measure]
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from energysweep import dist, training
+from energysweep import dist, shards, training
 from energysweep.grid import ParallelLayout
 
 
@@ -33,20 +38,8 @@ def parse_layout(text: str) -> ParallelLayout:
     return ParallelLayout(parts["tp"], parts["pp"], parts["dp"])
 
 
-def train_cfg(args) -> dict:
-    return {
-        "steps": args.steps,
-        "warmup_steps": 0,
-        "seq_len": args.seq_len,
-        "data": args.data,
-        "optimizer": args.optimizer,
-        "lr": args.lr,
-        "microbatches": args.microbatches,
-    }
-
-
 def spec_for(args, layout: ParallelLayout) -> dict:
-    """The slice of a job spec TrainingMeasurer reads (as rules/common.smk builds it)."""
+    """A job spec as rules/common.smk + launch.run_job build it (no energy: CPU ranks)."""
     return {
         "job": {
             "model": "tiny",
@@ -63,8 +56,25 @@ def spec_for(args, layout: ParallelLayout) -> dict:
         "dtype": "float32",
         "model_dir": args.model_dir,
         "workload": {"repetitions": 1},
-        "measurement": {"energy_source": "auto", "device": "cpu"},
-        "training": train_cfg(args),
+        "measurement": {
+            "energy_source": "none",
+            "host_energy_source": "none",
+            "device": "cpu",
+            "min_window_s": 0,
+            "idle_baseline_s": 0,
+            "cooldown_s": 0,
+            "sampler_hz": 0,
+            "prefill_pass": False,
+        },
+        "training": {
+            "steps": args.steps,
+            "warmup_steps": 0,
+            "seq_len": args.seq_len,
+            "data": args.data,
+            "optimizer": args.optimizer,
+            "lr": args.lr,
+            "microbatches": args.microbatches,
+        },
     }
 
 
@@ -80,10 +90,12 @@ def main() -> int:
     parser.add_argument("--optimizer", default="adamw")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--microbatches", type=int, default=2)
+    parser.add_argument("--measure", action="store_true")
     parser.add_argument("--mistake", choices=["accelerate-no-cpu"])
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from energysweep.prompts import load_prompts
+    from energysweep.run import JobMonitor, _finalize_window
 
     prompts = load_prompts()
     layouts = [parse_layout(t) for t in args.layouts.split(",")]
@@ -93,9 +105,12 @@ def main() -> int:
 
         training.make_accelerator = lambda device: Accelerator()  # the documented mistake
     for layout in layouts:
+        spec = spec_for(args, layout)
         ctx = dist.make_context(layout, "cpu", model_dir=args.model_dir, seed=0)
         dist.check_world(dist.gather(ctx.audit()), layout)
-        measurer = training.TrainingMeasurer(spec_for(args, layout), ctx, prompts)
+        monitor = JobMonitor(spec, ctx)
+        measurer = training.TrainingMeasurer(spec, ctx, prompts, monitor)
+        monitor.start()
         bs = args.global_batch // layout.dp
         trainer = training.make_trainer(
             ctx, measurer.cfg, bs, measurer.samples, args.steps, measurer.accelerator
@@ -104,6 +119,7 @@ def main() -> int:
             trainer.step()
         losses = trainer.take_losses()
         params = trainer.full_parameters()  # collective over TP: every rank calls it
+        trainer.close()
         out = Path(args.out) / str(layout)
         out.mkdir(parents=True, exist_ok=True)
         if ctx.rank == 0:
@@ -111,8 +127,14 @@ def main() -> int:
         c = ctx.coords
         if c.dp_rank == 0 and c.tp_rank == 0:
             torch.save(params, out / f"params-pp{c.pp_rank}.pt")
-        trainer.close()
+        if args.measure:
+            (rows,) = measurer.point(bs)
+            gathered = dist.gather(rows)
+            if ctx.rank == 0:
+                shards.write_shard(_finalize_window(gathered), out / "shard.parquet")
+        monitor.finish()
         measurer.close()
+        monitor.close()
         dist.barrier()
     dist.destroy()
     return 0

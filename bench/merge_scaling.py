@@ -1,0 +1,249 @@
+"""Aggregating N realistic shards (real schema) vs naive per-file `pandas.read_parquet` + concat.
+
+The shards are written the way measure jobs write them (results/shards/<Paramspace path>/bs~B/
+rep~R.parquet, one window each, one row per rank and GPU, plus each job's job.json), for
+5 models x 2 backends x 25 layouts (1 to 64 ranks) x 8 batch sizes x 5 repetitions = 10,000.
+
+- ours:  ``energysweep.aggregate.aggregate`` as the merge_shards rule calls it: the merged
+  dataset, summary.csv and the environment table, each step timed;
+- naive: ``pd.concat([pd.read_parquet(p) for p in shards]).to_parquet(out)`` (the peer baseline:
+  it writes the merged rows and computes no summary).
+
+Each side runs in a fresh process (imports excluded from the time) that reports its own peak
+RSS. The figure is naive / ours (how many times faster we are).
+
+    python bench/merge_scaling.py            # 10,000 shards (about 1 min on 2 cores)
+    python bench/merge_scaling.py --shards 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, machine
+
+sys.path.insert(0, str(ROOT / "src"))
+
+GOAL_SPEEDUP = 10.0
+GOAL_S = 3.0
+MODELS = [f"model{i}" for i in range(5)]
+BACKENDS = ["pytorch", "vllm"]
+LAYOUTS = [(t, p, d) for t in (1, 2, 4, 8) for p in (1, 2) for d in (1, 2, 4)] + [(16, 1, 1)]
+BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
+REPS = 5
+
+
+def _template_row() -> dict:
+    """A complete row of the current schema: the test helper's, every other column null."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    from energysweep import shards
+
+    from tests_rows import row
+
+    base = row()
+    return {name: base.get(name) for name in shards.SCHEMA.names}
+
+
+def generate(root: Path, n_shards: int) -> tuple[list[Path], list[Path]]:
+    """Write ``n_shards`` shards and their jobs' job.json under ``root``; return both lists."""
+    import pyarrow.parquet as pq
+
+    from energysweep import shards
+
+    template = _template_row()
+    shard_paths, job_paths = [], []
+    per_job = len(BATCH_SIZES) * REPS
+    jobs = [(m, b, lay) for m in MODELS for b in BACKENDS for lay in LAYOUTS]
+    for j, (model, backend, (tp, pp, dp)) in enumerate(jobs):
+        if len(shard_paths) >= n_shards:
+            break
+        world = tp * pp * dp
+        job_dir = (
+            root / f"results/shards/model~{model}/backend~{backend}/scenario~inference/"
+            f"tp~{tp}/pp~{pp}/dp~{dp}"
+        )
+        rows = []
+        names = []
+        for bs in BATCH_SIZES:
+            for rep in range(REPS):
+                start = 1_700_000_000_000_000_000 + (j * per_job + len(names)) * 3_000_000_000
+                names.append((bs, rep))
+                for rank in range(world):
+                    rows.append(
+                        {
+                            **template,
+                            "job_id": f"job{j:05d}",
+                            "model": model,
+                            "backend": backend,
+                            "tp": tp,
+                            "pp": pp,
+                            "dp": dp,
+                            "world_size": world,
+                            "batch_size": bs,
+                            "global_batch_size": bs * dp,
+                            "repetition": rep,
+                            "window_start_ns": start,
+                            "window_end_ns": start + 2_000_000_000,
+                            "requests": bs * dp * 2,
+                            "output_tokens": bs * dp * 2 * 16,
+                            "rank": rank,
+                            "local_rank": rank % 8,
+                            "pid": 1000 + rank,
+                            "host": f"node{rank // 8}",
+                            "device": f"cuda:{rank % 8}",
+                            "dp_rank": rank // (tp * pp),
+                            "pp_rank": (rank // tp) % pp,
+                            "tp_rank": rank % tp,
+                            "is_writer": rank % (tp * pp) == 0,
+                            "gpu_uuid": f"GPU-{j:05d}-{rank:03d}",
+                            "gpu_index": rank % 8,
+                            "gpu_energy_mj": 100_000.0 + rank + bs,
+                        }
+                    )
+        table = shards.to_table(rows)
+        for i, (bs, rep) in enumerate(names):
+            if len(shard_paths) >= n_shards:
+                break
+            path = job_dir / f"bs~{bs}" / f"rep~{rep}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table.slice(i * world, world), path)
+            shard_paths.append(path)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        record = {
+            "job_id": f"job{j:05d}",
+            "config_hash": "h",
+            "code_version": "bench",
+            "environment": {
+                "hosts": [{"host": "node0", "cpu_model": "x"}],
+                "gpus": [{"host": "node0", "uuid": f"GPU-{j:05d}-000"}],
+            },
+        }
+        (job_dir / "job.json").write_text(json.dumps(record))
+        job_paths.append(job_dir / "job.json")
+    return shard_paths, job_paths
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(side: str, listing: Path, out: Path) -> None:
+    """Run one side in this (fresh) process and print its timings as JSON."""
+    import inspect
+
+    import pandas as pd
+
+    from energysweep import aggregate as agg
+
+    spec = json.loads(listing.read_text())
+    paths, jobs = spec["shards"], spec["jobs"]
+    steps: dict[str, float] = {}
+    start = time.perf_counter()
+    if side == "naive":
+        merged = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+        steps["read+concat"] = time.perf_counter() - start
+        merged.to_parquet(out / "naive.parquet")
+        rows = len(merged)
+    else:
+        # Time the steps of aggregate() separately by wrapping the functions it calls.
+        def timed(name, fn):
+            def wrapper(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    steps[name] = steps.get(name, 0.0) + time.perf_counter() - t
+
+            return wrapper
+
+        for name in ("merge", "write_dataset", "windows", "summarize", "environment_table"):
+            if hasattr(agg, name):
+                setattr(agg, name, timed(name, getattr(agg, name)))
+        kwargs = {}
+        params = inspect.signature(agg.aggregate).parameters
+        if "jobs" in params:
+            kwargs = {"jobs": jobs, "environment_out": out / "environment.parquet"}
+        agg.aggregate(paths, out / "energy.parquet", out / "summary.csv", **kwargs)
+        rows = None
+    total = time.perf_counter() - start
+    print(
+        json.dumps(
+            {
+                "side": side,
+                "total_s": total,
+                "steps": steps,
+                "peak_rss_mb": _peak_rss_mb(),
+                "rows": rows,
+            }
+        )
+    )
+
+
+def run_side(side: str, listing: Path, out: Path) -> dict:
+    import subprocess
+
+    from _common import env
+
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", side, "--listing", str(listing), "--out", str(out)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode:
+        sys.exit(f"{side} failed:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shards", type=int, default=10_000)
+    ap.add_argument("--child", choices=["ours", "naive"])
+    ap.add_argument("--listing", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.listing, args.out)
+        return
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory(prefix="bench-merge-") as tmp:
+        tmp = Path(tmp)
+        t = time.perf_counter()
+        paths, jobs = generate(tmp / "wf", args.shards)
+        print(
+            f"generated {len(paths)} shards of {len(jobs)} jobs in {time.perf_counter() - t:.1f} s"
+        )
+        listing = tmp / "listing.json"
+        listing.write_text(
+            json.dumps({"shards": [str(p) for p in paths], "jobs": [str(p) for p in jobs]})
+        )
+        # Naive first: both read files the generator just wrote, so the page cache is warm alike.
+        naive = run_side("naive", listing, tmp / "out-naive")
+        ours = run_side("ours", listing, tmp / "out-ours")
+    for r in (naive, ours):
+        steps = ", ".join(f"{k} {v:.2f} s" for k, v in r["steps"].items())
+        print(
+            f"{r['side']:5s} {r['total_s']:7.2f} s  peak RSS {r['peak_rss_mb']:6.0f} MB  ({steps})"
+        )
+    speedup = naive["total_s"] / ours["total_s"]
+    io_s = ours["steps"].get("merge", 0.0) + ours["steps"].get("write_dataset", 0.0)
+    met = speedup >= GOAL_SPEEDUP and ours["total_s"] <= GOAL_S
+    print(
+        f"merge_scaling {len(paths)} shards: naive/ours = {speedup:.1f}x faster, ours "
+        f"{ours['total_s']:.2f} s (reading + writing the dataset {io_s:.2f} s: "
+        f"{naive['total_s'] / io_s:.1f}x faster than naive), peak RSS ours "
+        f"{ours['peak_rss_mb']:.0f} MB naive {naive['peak_rss_mb']:.0f} MB; goal >= "
+        f"{GOAL_SPEEDUP:.0f}x and <= {GOAL_S:.0f} s: {'met' if met else 'MISSED'}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Per-request timing of the engine backends (vLLM, TensorRT-LLM), written to ``requests.parquet``.
+
+The energy shards keep one schema for every backend; per-request figures that only the engines
+report (time to first token, time per output token) go to this separate per-job table instead.
+A request row carries the wall-clock edges of the ``generate`` call it was part of, so it joins
+to its measured window by ``window_start_ns <= call_start_ns`` and ``call_end_ns <=
+window_end_ns`` (calls outside every window are warm-up). Nothing unmeasured is 0: a request
+without engine metrics has null timings and ``metrics_status = unavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+FILENAME = "requests.parquet"
+
+# (name, arrow type name, description) — arrow types are built lazily (pyarrow import).
+COLUMNS: list[tuple[str, str, str]] = [
+    ("job_id", "string", "job run the request belongs to"),
+    ("backend", "string", "vllm | tensorrt-llm"),
+    ("dp_rank", "int16", "replica that served the request"),
+    ("call_index", "int32", "index of the generate call on that replica (warm-up included)"),
+    ("batch_size", "int32", "requests submitted together in that call"),
+    ("request_index", "int32", "position of the request in its call"),
+    ("input_tokens", "int32", "prompt tokens"),
+    ("output_tokens", "int32", "generated tokens"),
+    ("call_start_ns", "int64", "wall clock before the call, ns since epoch"),
+    ("call_end_ns", "int64", "wall clock after the call returned, ns since epoch"),
+    ("ttft_s", "float64", "time to first token, s (engine's own figure); null if unavailable"),
+    ("tpot_s", "float64", "time per output token after the first, s; null if unavailable"),
+    ("metrics_status", "string", "measured | unavailable"),
+    ("metrics_source", "string", "which engine field the timings came from"),
+]
+
+
+@dataclass
+class RequestRow:
+    """One request's row (see COLUMNS)."""
+
+    job_id: str
+    backend: str
+    dp_rank: int
+    call_index: int
+    batch_size: int
+    request_index: int
+    input_tokens: int
+    output_tokens: int
+    call_start_ns: int
+    call_end_ns: int
+    ttft_s: float | None
+    tpot_s: float | None
+    metrics_status: str
+    metrics_source: str
+
+
+def tpot_s(first_token_s: float, last_token_s: float, output_tokens: int) -> float | None:
+    """Mean time per output token after the first: ``(last - first) / (n - 1)``; None for n < 2."""
+    if output_tokens < 2:
+        return None
+    return (last_token_s - first_token_s) / (output_tokens - 1)
+
+
+def schema():
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, kind)()) for name, kind, _ in COLUMNS])
+
+
+def path_for(spec: dict) -> Path | None:
+    """``requests.parquet`` beside the job's ``job.json``; None when the spec names no outputs."""
+    job_json = spec.get("outputs", {}).get("job_json")
+    return Path(job_json).parent / FILENAME if job_json else None
+
+
+def write(rows: list[RequestRow], path: str | Path) -> None:
+    """Write the rows atomically (temp file + rename) with the fixed schema."""
+    import pyarrow as pa
+
+    from energysweep.shards import write_atomic
+
+    table = pa.Table.from_pylist([asdict(r) for r in rows], schema=schema())
+    write_atomic(table, path)
+
+
+def read(path: str | Path):
+    """Read a ``requests.parquet`` and check it has exactly this schema."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    if not table.schema.equals(schema(), check_metadata=False):
+        raise ValueError(f"{path}: schema differs from energysweep.backends.request_log.COLUMNS")
+    return table

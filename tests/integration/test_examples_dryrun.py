@@ -1,0 +1,153 @@
+"""Every example sweep validates and dry-runs here (no GPU, no engine installed), and each measure
+job asks the scheduler for exactly tp*pp*dp GPUs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from energysweep import config as es_config
+
+from conftest import test_env, workflow_copy
+
+pytestmark = [pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(p.name for p in (ROOT / "config" / "examples").glob("*.yaml"))
+PROFILE = (
+    "profiles/slurm"
+    if (ROOT / "profiles" / "slurm" / "config.yaml").exists()
+    else ("profiles/local")
+)
+
+
+@pytest.fixture(scope="module")
+def wf(tmp_path_factory):
+    return workflow_copy(tmp_path_factory.mktemp("examples"))
+
+
+def dry_run(wf: Path, example: str) -> str:
+    proc = subprocess.run(
+        ["snakemake", "-n", "--profile", PROFILE, "--configfile", f"config/examples/{example}"],
+        cwd=wf,
+        env=test_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def measure_jobs(out: str) -> list[dict]:
+    """(wildcards, resources) of every `rule measure` block of a dry run."""
+    jobs = []
+    for block in out.split("rule measure:")[1:]:
+        wc = re.search(r"^\s*wildcards: (.*)$", block, re.M).group(1)
+        res = re.search(r"^\s*resources: (.*)$", block, re.M).group(1)
+        jobs.append(
+            {
+                "wildcards": dict(kv.split("=", 1) for kv in wc.split(", ")),
+                "resources": dict(kv.split("=", 1) for kv in res.split(", ") if "=" in kv),
+            }
+        )
+    return jobs
+
+
+def gpus_asked(res: dict) -> int:
+    """GPUs a job asks for in all: `gpu` on one node, or gres gpu:G on each of `nodes` nodes."""
+    nodes = int(res.get("nodes", 1))
+    if "gres" in res:
+        return int(res["gres"].split(":")[-1]) * nodes
+    assert nodes == 1, res
+    return int(res["gpu"])
+
+
+def test_examples_exist():
+    assert {"vllm-dgx2.yaml", "trtllm-dgx2.yaml", "mixed-backends.yaml"} <= set(EXAMPLES)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_validates(example, monkeypatch):
+    """Schema + semantic checks, as the workflow runs them under conda (engines not here)."""
+    monkeypatch.chdir(ROOT)
+    cfg = es_config.load(ROOT / "config" / "examples" / example, use_conda=True)
+    grid = es_config.build_grid(cfg, ROOT)
+    assert grid.jobs
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_dry_runs_with_gpus_per_layout(wf, example):
+    cfg = yaml.safe_load((ROOT / "config" / "examples" / example).read_text())
+    out = dry_run(wf, example)
+    jobs = measure_jobs(out)
+    grid = es_config.build_grid(es_config.validate_schema(cfg), ROOT)
+    assert len(jobs) == len(grid.jobs) > 0
+    for job in jobs:
+        wc, res = job["wildcards"], job["resources"]
+        world = int(wc["tp"]) * int(wc["pp"]) * int(wc["dp"])
+        assert gpus_asked(res) == world, (wc, res)
+    backends = {j["wildcards"]["backend"] for j in jobs}
+    assert backends == set(cfg["backends"])
+    for b in set(cfg["backends"]) - {"pytorch"}:
+        # An engine that is not installed here is a warning in a dry run, naming its env.
+        assert f"backend {b!r} is not installed here" in out
+        assert f"envs/{b}.yaml" in out
+
+
+def test_trtllm_example_runs_a_replica_over_two_nodes_and_skips_multi_node_dp(wf):
+    out = dry_run(wf, "trtllm-dgx2.yaml")
+    by_layout = {
+        (
+            j["wildcards"]["model"],
+            j["wildcards"]["tp"],
+            j["wildcards"]["pp"],
+            j["wildcards"]["dp"],
+        ): j["resources"]
+        for j in measure_jobs(out)
+    }
+    res = by_layout[("llama-3.1-70b", "8", "4", "1")]
+    assert int(res["nodes"]) == 2 and gpus_asked(res) == 32
+    # tp8 x pp2 x dp2 = 32 GPUs: two single-node replicas on two nodes is not a launch mode.
+    assert ("llama-3.1-70b", "8", "2", "2") not in by_layout
+    cfg = es_config.validate_schema(
+        yaml.safe_load((ROOT / "config" / "examples" / "trtllm-dgx2.yaml").read_text())
+    )
+    skipped = es_config.build_grid(cfg, ROOT).skipped
+    reason = next(
+        s["reason"]
+        for s in skipped
+        if (s["model"], s["tp"], s["pp"], s["dp"]) == ("llama-3.1-70b", "8", "2", "2")
+    )
+    assert "mpi" in reason and "dp=2" in reason
+
+
+def test_a_missing_engine_fails_validation_outside_a_dry_run(wf):
+    """The same grid, really run without conda: refused before any job, with the install hint."""
+    proc = subprocess.run(
+        [
+            "snakemake",
+            # The target first: --configfile takes every following word as a config file.
+            "results/grid/jobs.tsv",
+            "--profile",
+            "profiles/local",
+            "--configfile",
+            "config/examples/vllm-dgx2.yaml",
+        ],
+        cwd=wf,
+        env=test_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    if "not installed here" not in out and proc.returncode == 0:
+        pytest.skip("vllm is installed in this environment")
+    assert proc.returncode != 0
+    assert "backend 'vllm' is not installed here" in out and "envs/vllm.yaml" in out

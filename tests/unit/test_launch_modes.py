@@ -1,0 +1,160 @@
+"""Launch modes as data: which processes each backend's job consists of, and the audit of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from energysweep import dist, launch
+from energysweep.grid import (
+    BACKENDS,
+    LAUNCH_MODES,
+    ParallelLayout,
+    expand_grid,
+    expected_processes,
+    launch_mode,
+    process_coords,
+    split_contiguous,
+)
+
+
+def test_every_backend_names_known_launch_modes():
+    for name, caps in BACKENDS.items():
+        assert caps["launch"] in LAUNCH_MODES, name
+        assert caps["launch_multi_node"] in LAUNCH_MODES, name
+
+
+@pytest.mark.parametrize(
+    "backend,layout,gpus_per_node,mode,procs",
+    [
+        ("pytorch", ParallelLayout(tp=4), 16, "torchrun", (4, 4)),
+        ("vllm", ParallelLayout(tp=4), 16, "torchrun", (4, 4)),
+        ("vllm", ParallelLayout(tp=2, dp=2), 16, "torchrun", (4, 4)),
+        ("tensorrt-llm", ParallelLayout(tp=4), 16, "direct", (1, 4)),
+        ("tensorrt-llm", ParallelLayout(tp=2, pp=2, dp=2), 16, "direct", (2, 8)),
+        ("tensorrt-llm", ParallelLayout(tp=4, pp=2), 4, "mpi", (1, 8)),
+        ("pytorch", ParallelLayout(tp=8, dp=4), 16, "torchrun", (32, 32)),
+    ],
+)
+def test_modes_and_expected_processes(backend, layout, gpus_per_node, mode, procs):
+    assert launch_mode(backend, layout, gpus_per_node) == mode
+    assert expected_processes(backend, layout, gpus_per_node) == procs
+    launchers, workers = procs
+    # One GPU worker per GPU in every mode.
+    assert workers == layout.world_size
+    assert len({process_coords(mode, layout, r) for r in range(launchers)}) == launchers
+
+
+def test_grid_skips_what_a_backend_cannot_launch():
+    grid = expand_grid(
+        {"m": None},
+        ["pytorch", "vllm", "tensorrt-llm"],
+        ["inference"],
+        tp=[8],
+        pp=[2],
+        dp=[2],
+        max_gpus_per_job=32,
+        gpus_per_node=16,
+    )
+    assert sorted(j.backend for j in grid.jobs) == ["pytorch", "vllm"]
+    (skip,) = grid.skipped
+    assert skip["backend"] == "tensorrt-llm" and "mpi" in skip["reason"]
+    # Without gpus_per_node (callers that do not know the nodes) nothing is skipped for launch.
+    assert (
+        len(expand_grid({"m": None}, ["tensorrt-llm"], ["inference"], [8], [2], [2], 32).jobs) == 1
+    )
+
+
+# ----------------------------------------------------------------------- the process audit
+def audit(rank, pid, dp_rank, pp_rank=0, tp_rank=0):
+    return {
+        "rank": rank,
+        "host": "n1",
+        "pid": pid,
+        "dp_rank": dp_rank,
+        "pp_rank": pp_rank,
+        "tp_rank": tp_rank,
+    }
+
+
+def test_audit_direct_counts_one_process_per_replica():
+    layout = ParallelLayout(tp=4, dp=2)
+    dist.check_world([audit(0, 10, 0), audit(1, 11, 1)], layout, backend="tensorrt-llm")
+    with pytest.raises(
+        dist.LayoutMismatch, match=r"expects 2 distinct .*8 GPU workers.*observed 1"
+    ):
+        dist.check_world([audit(0, 10, 0)], layout, backend="tensorrt-llm")
+
+
+def test_audit_torchrun_still_counts_every_rank():
+    layout = ParallelLayout(tp=2)
+    with pytest.raises(dist.LayoutMismatch, match="expects 2 distinct"):
+        dist.check_world([audit(0, 10, 0)], layout, backend="vllm")
+    dist.check_world([audit(0, 10, 0), audit(1, 11, 0, tp_rank=1)], layout, backend="vllm")
+
+
+def test_init_names_expected_and_observed_world(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(dist.LayoutMismatch, match=r"expects world size 4 .*started world size 1"):
+        dist.init(ParallelLayout(tp=4), "cpu", backend="vllm")
+    # A TensorRT-LLM TP=4 replica is one process: world 1 is right, no process group needed.
+    assert dist.init(ParallelLayout(tp=4), "cpu", backend="tensorrt-llm") == (0, 0, 1)
+
+
+def test_context_of_a_replica_process(monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    ctx = dist.make_context(ParallelLayout(tp=8), "cuda:0", backend="tensorrt-llm", model_dir="/m")
+    assert (ctx.coords.dp_rank, ctx.coords.is_writer, ctx.mesh) == (0, True, None)
+
+
+# ---------------------------------------------------------------- DP split and port assignment
+def test_dp_split_is_contiguous_and_order_preserving():
+    parts = [list(split_contiguous(33, 4, r)) for r in range(4)]
+    assert [len(p) for p in parts] == [9, 8, 8, 8]
+    assert [i for p in parts for i in p] == list(range(33))  # gathered in rank order
+    # Fewer items than replicas: the last rank gets none and still takes part (empty share).
+    assert [len(split_contiguous(3, 4, r)) for r in range(4)] == [1, 1, 1, 0]
+
+
+def test_ports_per_job_never_collide_between_kinds():
+    job = 987654
+    assert launch.rendezvous_port(job) != launch.vllm_port(job)
+    assert launch.vllm_port(job) < launch.PORT_BASE <= launch.rendezvous_port(job)
+    assert launch.vllm_port(job) != launch.vllm_port(job + 1)
+
+
+def test_mixed_backends_make_one_summary_table():
+    """The same grid point on three backends: one shard schema, one summary, a backend column."""
+    import pandas as pd
+
+    from energysweep import aggregate, shards
+
+    from tests_rows import row
+
+    rows = []
+    for i, (backend, mode, procs) in enumerate(
+        [("pytorch", "torchrun", 2), ("vllm", "torchrun", 2), ("tensorrt-llm", "direct", 1)]
+    ):
+        for r in range(2):  # two GPUs; the direct launcher reports both from one process
+            rows.append(
+                row(
+                    job_id=f"j{i}",
+                    backend=backend,
+                    launch_mode=mode,
+                    tp=2,
+                    world_size=2,
+                    rank=min(r, procs - 1),
+                    pid=100 * i + min(r, procs - 1),
+                    tp_rank=min(r, procs - 1),
+                    is_writer=r == 0,
+                    gpu_uuid=f"GPU-{r}",
+                    gpu_index=r,
+                )
+            )
+    table = shards.to_table(rows)  # one schema for every backend
+    summary = aggregate.summarize(aggregate.windows(table.to_pandas()))
+    assert isinstance(summary, pd.DataFrame)
+    assert sorted(summary["backend"]) == ["pytorch", "tensorrt-llm", "vllm"]
+    assert summary["energy_per_output_token_j"].notna().all()
+    # Same GPUs, same energy, same tokens: the same figure whatever the process structure.
+    assert summary["energy_per_output_token_j"].nunique() == 1

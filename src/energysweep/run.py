@@ -564,6 +564,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
     t_start = time.time()
+    if spec["job"]["scenario"] != "inference":
+        # Never measure generation and label it as something else.
+        raise NotImplementedError(
+            f"scenario {spec['job']['scenario']!r} is not wired into energysweep.run yet; "
+            "use scenarios: [inference]"
+        )
     ctx, audits, seeds = _start_ranks(spec)
 
     from energysweep.backends import load_backend

@@ -10,14 +10,14 @@ localrules:
 rule record_config:
     output:
         "results/config.yaml",
-    params:
-        config=config,
-        config_hash=CONFIG_HASH,
-        code_version=CODE_VERSION,
     log:
         "logs/record_config.log",
     conda:
         "../envs/base.yaml"
+    params:
+        config=config,
+        config_hash=CONFIG_HASH,
+        code_version=CODE_VERSION,
     script:
         "../scripts/record_config.py"
 
@@ -26,13 +26,13 @@ rule grid_tables:
     output:
         jobs="results/grid/jobs.tsv",
         skipped="results/grid/skipped.tsv",
-    params:
-        jobs=JOBS.to_dict("records"),
-        skipped=GRID.skipped,
     log:
         "logs/grid_tables.log",
     conda:
         "../envs/base.yaml"
+    params:
+        jobs=JOBS.to_dict("records"),
+        skipped=GRID.skipped,
     script:
         "../scripts/grid_tables.py"
 

@@ -12,10 +12,11 @@ from energysweep import config as es_config
 from energysweep.envinfo import code_version
 from energysweep.grid import BACKENDS
 
-
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
-es_config.validate_schema(config, Path(workflow.basedir) / "config" / "config.schema.yaml")
+es_config.validate_schema(
+    config, Path(workflow.basedir) / "config" / "config.schema.yaml"
+)
 es_config.check(
     config,
     base_dir=Path.cwd(),
@@ -108,7 +109,9 @@ def get_tiny_spec(wildcards):
 def get_model_dir(wildcards, input):
     if "model" in input.keys():
         return str(Path(input.model).resolve())
-    return str(es_config.resolve_model_path(MODELS[wildcards.model]["path"], Path.cwd()))
+    return str(
+        es_config.resolve_model_path(MODELS[wildcards.model]["path"], Path.cwd())
+    )
 
 
 def get_job_spec(wildcards):
@@ -152,7 +155,9 @@ def get_final_outputs():
     ]
 
 
-MEM_MB_PER_RANK = 2000  # host RAM one rank needs beyond its GPU (tokenizer, loader, buffers)
+MEM_MB_PER_RANK = (
+    2000  # host RAM one rank needs beyond its GPU (tokenizer, loader, buffers)
+)
 
 
 def get_mem_mb(wildcards, attempt):

@@ -15,14 +15,11 @@ rule measure:
         job=f"{JOB_DIR}/job.json",
         generations=f"{JOB_DIR}/generations.parquet",
         power=f"{JOB_DIR}/power.parquet",
-    params:
-        spec=get_job_spec,
-        model_dir=get_model_dir,
     log:
         f"logs/measure/{PARAMS.wildcard_pattern}.log",
-    threads: world_size
     conda:
         get_conda_env
+    threads: world_size
     resources:
         gpu=get_gpu,
         gres=get_gres,
@@ -31,5 +28,8 @@ rule measure:
         tasks=get_tasks,
         tasks_per_gpu=get_tasks_per_gpu,
         mem_mb=get_mem_mb,
+    params:
+        spec=get_job_spec,
+        model_dir=get_model_dir,
     script:
         "../scripts/measure.py"

@@ -4,12 +4,12 @@
 rule build_tiny_model:
     output:
         directory("resources/models/{model}"),
-    params:
-        spec=get_tiny_spec,
     log:
         "logs/build_model/{model}.log",
     localrule: True
     conda:
         "../envs/pytorch.yaml"
+    params:
+        spec=get_tiny_spec,
     script:
         "../scripts/build_model.py"

@@ -7,7 +7,7 @@ warms up and measures ``repetitions`` x (cooldown, generate window, cooldown, pr
 rank 0 writes one shard per repetition. A failure at one batch size (OOM, error) is recorded as
 that point's status and the job goes on; a crash of the job fails it.
 
-Window rule (docs/methodology.md): a window starts and ends after a device sync and a barrier
+Window rule (README, Methodology): a window starts and ends after a device sync and a barrier
 across ranks; it repeats the batch until it lasts at least ``measurement.min_window_s`` *and*
 ran at least ``workload.iterations`` iterations. All ranks stop after the same iteration: the
 decision uses the shortest elapsed time over ranks, exchanged at chunk boundaries (usually once).

@@ -13,7 +13,7 @@ Sources (config key ``measurement.energy_source``):
 Host energy (RAPL package + DRAM, energy/rapl.py) is a second, per-node source chosen by
 ``measurement.host_energy_source`` and read by local rank 0 only.
 
-Counting rule (docs/methodology.md): every rank reports the GPUs it measured, keyed by UUID;
+Counting rule (README, Methodology): every rank reports the GPUs it measured, keyed by UUID;
 aggregation sums *distinct* UUIDs per window, so a GPU seen by two ranks counts once.
 """
 

@@ -2,7 +2,7 @@
 
 Zeus reads the same NVML energy counter as :mod:`energysweep.energy.nvml`; it is here to
 cross-check our reading and for sites that standardise on Zeus. Traps this module closes
-(measured with zeus 0.16.0, see docs/methodology.md):
+(measured with zeus 0.16.0, see README, Methodology):
 
 - With no GPU, ``ZeusMonitor()`` constructs fine and every window is ``0 J``: we report
   *unavailable* instead.

@@ -162,8 +162,9 @@ def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
         if table.num_rows:
+            # One chunk per shard made the partitioned write 25x slower (per-batch work).
             ds.write_dataset(
-                table, tmp, format="parquet", partitioning=PARTITION_KEYS,
+                table.combine_chunks(), tmp, format="parquet", partitioning=PARTITION_KEYS,
                 partitioning_flavor="hive", basename_template="part-{i}.parquet",
                 existing_data_behavior="overwrite_or_ignore", preserve_order=True,
             )

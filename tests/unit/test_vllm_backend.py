@@ -327,3 +327,14 @@ def test_contract_external_launcher_parallel_config(monkeypatch):
     assert pc.world_size == 4
     # vLLM turns in-process engines on itself for this executor (we also set it: launch.py).
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_request_table_goes_to_the_declared_output_first(tmp_path):
+    declared = {"outputs": {"requests": "a/requests.parquet", "job_json": "b/job.json"}}
+    assert str(request_log.path_for(declared)) == "a/requests.parquet"
+    assert str(request_log.path_for({"outputs": {"job_json": "b/job.json"}})) == (
+        "b/requests.parquet"
+    )
+    assert request_log.path_for({}) is None
+    request_log.write([], tmp_path / "r.parquet")  # an empty table keeps the schema
+    assert request_log.read(tmp_path / "r.parquet").num_rows == 0

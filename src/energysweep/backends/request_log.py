@@ -68,8 +68,12 @@ def schema():
 
 
 def path_for(spec: dict) -> Path | None:
-    """``requests.parquet`` beside the job's ``job.json``; None when the spec names no outputs."""
-    job_json = spec.get("outputs", {}).get("job_json")
+    """Where the job's request table goes: ``outputs["requests"]`` (a rule output, so the
+    launcher publishes it with the shards), else beside ``job.json``; None without outputs."""
+    outputs = spec.get("outputs", {})
+    if outputs.get("requests"):
+        return Path(outputs["requests"])
+    job_json = outputs.get("job_json")
     return Path(job_json).parent / FILENAME if job_json else None
 
 

@@ -12,6 +12,8 @@ How a layout maps onto vLLM (checked against vLLM 0.32.0's source, see docs/back
   Prompts are split by energysweep.run as for PyTorch, and all ranks of a replica submit the same
   batch. vLLM's own DP (``data_parallel_size > 1`` or VLLM_DP_SIZE) is for MoE models: in one
   process it raises, and via VLLM_DP_* it refuses dense models;
+- PP: vLLM broadcasts the last stage's output to every PP rank, so the writer (stage 0) returns
+  the tokens; under this executor PP runs one batch at a time (no micro-batch overlap);
 - the same seed on every rank; greedy decoding; ``ignore_eos`` and ``min_tokens = max_tokens =
   workload.output_tokens`` so every request generates exactly that many tokens;
 - ``disable_log_stats=False`` so ``RequestOutput.metrics`` (TTFT, first/last token timestamps)

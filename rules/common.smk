@@ -129,6 +129,8 @@ def get_job_spec(wildcards):
         "seed": config["seed"],
         "workload": config["workload"],
         "measurement": config["measurement"],
+        # Only training jobs carry it, so its settings do not change inference jobs' config_hash.
+        **({"training": config["training"]} if wildcards.scenario == "training" else {}),
         "batch_sizes": BATCH_SIZES,
         "model_entry": MODELS[wildcards.model],
         "gpus_per_node": config["parallel"]["gpus_per_node"],

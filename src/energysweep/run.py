@@ -38,6 +38,7 @@ from energysweep.grid import BACKENDS, ParallelLayout
 
 PHASE_GENERATE = "generate"
 PHASE_PREFILL = "prefill"
+PHASE_TRAIN = "train"  # energysweep.training's windows
 # Batches pre-encoded per point: prompts cycle with period n_prompts / gcd(n_prompts, global
 # batch); a long window reuses them (encoding never happens inside a window).
 MAX_ENCODED_BATCHES = 128
@@ -469,6 +470,8 @@ def _finalize_window(rows_by_rank: list[list[dict]]) -> list[dict]:
         flops = None
         if params is not None and phase in (PHASE_GENERATE, PHASE_PREFILL):
             flops = 2.0 * params * ((tin or 0) + (tout or 0))
+        elif params is not None and phase == PHASE_TRAIN and tin is not None:
+            flops = 6.0 * params * tin  # forward + backward: ~6 FLOPs per parameter per token
         update = {
             "input_tokens": tin,
             "output_tokens": tout,
@@ -564,12 +567,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
     t_start = time.time()
-    if spec["job"]["scenario"] != "inference":
-        # Never measure generation and label it as something else.
-        raise NotImplementedError(
-            f"scenario {spec['job']['scenario']!r} is not wired into energysweep.run yet; "
-            "use scenarios: [inference]"
-        )
     ctx, audits, seeds = _start_ranks(spec)
 
     from energysweep.backends import load_backend
@@ -579,11 +576,19 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(None if spec["workload"]["prompts"] == "builtin"
                            else spec["workload"]["prompts"])
     t_load = time.time()
-    backend = load_backend(spec["job"]["backend"], ctx)
+    training = spec["job"]["scenario"] == "training"
+    # Training loads a trainable copy of the model per grid point (energysweep.training).
+    backend = None if training else load_backend(spec["job"]["backend"], ctx)
     load_s = time.time() - t_load
     monitor = JobMonitor(spec, ctx)
-    measurer = Measurer(spec, ctx, backend, prompts, monitor)
-    monitor.start(backend.synchronize)
+    if training:
+        from energysweep.training import TrainingMeasurer
+
+        measurer = TrainingMeasurer(spec, ctx, prompts, monitor)
+        monitor.start()
+    else:
+        measurer = Measurer(spec, ctx, backend, prompts, monitor)
+        monitor.start(backend.synchronize)
     outputs = spec["outputs"]
     for bs in spec["batch_sizes"]:
         for rep, rows in enumerate(measurer.point(bs)):
@@ -607,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     measurer.energy.close()  # a scenario's measurer may own its own source (closing is idempotent)
     measurer.close()
     monitor.close()
-    backend.close()
+    if backend is not None:
+        backend.close()
     dist.barrier()
     dist.destroy()
     return 0

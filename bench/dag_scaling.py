@@ -11,7 +11,7 @@ Both run `snakemake -n` (output to a file) side by side at each size; the figure
 ours / floor, in CPU seconds of the snakemake process (robust to other load on the machine) and
 in wall seconds. Growth is the 10k / 1k time of each.
 
-    python bench/dag_scaling.py                 # sizes 1000,3000,10000 (about 3 min on 2 cores)
+    python bench/dag_scaling.py                 # sizes 1000,3000,10000 (about 2-3 min on 2 cores)
     python bench/dag_scaling.py --sizes 1000    # quick
 """
 

@@ -14,7 +14,7 @@ Work floor (context): what any job must do on top, started the way our job is (p
 1 rank, torchrun for 2): import torch, start gloo, import transformers and load the tiny model
 and tokenizer. Overhead over it is what the pipeline itself adds.
 
-    python bench/launch_overhead.py             # about 1-2 min on 2 cores
+    python bench/launch_overhead.py             # about 2.5 min on 2 cores (--repeats 2: 4.5)
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ rep~R.parquet, one window each, one row per rank and GPU, plus each job's job.js
 Each side runs in a fresh process (imports excluded from the time) that reports its own peak
 RSS. The figure is naive / ours (how many times faster we are).
 
-    python bench/merge_scaling.py            # 10,000 shards (about 1 min on 2 cores)
-    python bench/merge_scaling.py --shards 2000
+    python bench/merge_scaling.py                 # 10,000 shards (about 10 min on 2 cores today,
+                                                  # nearly all in windows() and the naive side)
+    python bench/merge_scaling.py --shards 2000   # about 2.5 min
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ rule grid_tables:
 
 
 # Inputs are one job.json per job, not every shard: at 10^4 jobs x B x R shards, resolving each
-# shard as a DAG input dominated `snakemake -n` (bench/dag_scaling.py, bench/README.md). A
+# shard as a DAG input was the largest avoidable cost of `snakemake -n` (bench/README.md). A
 # measure job writes job.json last and Snakemake only counts the job done once all its outputs
 # exist, so job.json stands for the job's shards; aggregate.job_shard_paths() derives their paths
 # and fails naming the job if one is missing (rerun it with --forcerun measure).

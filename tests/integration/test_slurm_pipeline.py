@@ -186,6 +186,9 @@ def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(slurm_clust
                 sm.kill()
                 sm.wait(timeout=30)
     assert not list(job_dir.glob("bs~*/rep~*.parquet"))
+    # A stopped Snakemake may leave its lock; unlocking is the documented first step of a rerun.
+    unlock = snakemake(wf, cfg, "--unlock")
+    assert unlock.returncode == 0, unlock.stderr[-3000:]
     rerun = snakemake(wf, cfg)
     assert rerun.returncode == 0, rerun.stderr[-5000:]
     e = pd.read_parquet(wf / "results" / "energy.parquet")
@@ -206,7 +209,7 @@ def test_job_over_its_runtime_is_retried_with_more(slurm_cluster, tmp_path):
             # One generate and one prefill window of >= 45 s each, plus start-up: > 90 s.
             "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1},
             "measurement": {"min_window_s": 45},
-            "parallel": {"dp": [1]},
+            "parallel": {"tp": [1], "pp": [1], "dp": [1]},
         },
     )
     since = now()

@@ -36,26 +36,24 @@ def write_config(wf: Path, over: dict) -> str:
     return "--configfile=config/test.yaml"
 
 
-def sacct(job_ids) -> pd.DataFrame:
+SACCT_COLUMNS = ["job_id", "comment", "tres", "state", "start", "end"]
+
+
+def _sacct_table(*select: str) -> pd.DataFrame:
+    """One row per job (-X) that ``select`` picks (e.g. ``-j 1,2`` or ``-S <time>``)."""
     out = subprocess.run(
-        [
-            "sacct",
-            "-X",
-            "-j",
-            ",".join(sorted(job_ids)),
-            "-P",
-            "-n",
-            "-o",
-            "JobID,Comment%200,AllocTRES%80,State,Start,End",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        ["sacct", "-X", *select, "-P", "-n",
+         "-o", "JobID,Comment%200,AllocTRES%80,State,Start,End"],
+        capture_output=True, text=True, timeout=60, check=True,
     ).stdout
-    rows = [line.split("|") for line in out.strip().splitlines()]
-    df = pd.DataFrame(rows, columns=["job_id", "comment", "tres", "state", "start", "end"])
+    df = pd.DataFrame([line.split("|") for line in out.strip().splitlines()],
+                      columns=SACCT_COLUMNS)
     df["gpus"] = df["tres"].str.extract(r"gres/gpu=(\d+)")[0].astype(float)
+    return df
+
+
+def sacct(job_ids) -> pd.DataFrame:
+    df = _sacct_table("-j", ",".join(sorted(job_ids)))
     df["start"] = pd.to_datetime(df["start"])
     df["end"] = pd.to_datetime(df["end"])
     return df
@@ -63,26 +61,8 @@ def sacct(job_ids) -> pd.DataFrame:
 
 def rule_jobs(since: str, rule: str) -> pd.DataFrame:
     """All jobs of one rule submitted since ``since`` (sacct -S), with their comment."""
-    out = subprocess.run(
-        [
-            "sacct",
-            "-X",
-            "-S",
-            since,
-            "-P",
-            "-n",
-            "-o",
-            "JobID,Comment%200,AllocTRES%80,State,Start,End",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    rows = [line.split("|") for line in out.strip().splitlines() if f"rule_{rule}" in line]
-    df = pd.DataFrame(rows, columns=["job_id", "comment", "tres", "state", "start", "end"])
-    df["gpus"] = df["tres"].str.extract(r"gres/gpu=(\d+)")[0].astype(float)
-    return df
+    df = _sacct_table("-S", since)
+    return df[df["comment"].str.contains(f"rule_{rule}", regex=False)].reset_index(drop=True)
 
 
 def now() -> str:

@@ -70,11 +70,17 @@ alive() {
 
 # Print the pid recorded in $STATE/NAME.pid if that process is alive and is NAME.
 our_pid() {
-    local name=$1 file="$STATE/$1.pid" pid
-    [[ -s $file ]] || return 1
-    pid=$(tr -dc '0-9' 2>/dev/null <"$file") || return 1
-    [[ -n $pid ]] && alive "$pid" "$name" || return 1
-    printf '%s\n' "$pid"
+    local name=$1 file="$STATE/$1.pid"
+    pid_file_names "$file" "$name" || return 1
+    tr -dc '0-9' <"$file"
+    echo
+}
+
+# pid_file_names FILE NAME: true if FILE holds the pid of a live process named NAME.
+pid_file_names() {
+    local pid
+    pid=$(tr -dc '0-9' 2>/dev/null <"$1") || return 1
+    [[ -n $pid ]] && alive "$pid" "$2"
 }
 
 # Print the pids of all live processes whose command name is NAME (no procps needed).
@@ -254,7 +260,7 @@ start_munged() {
     STARTED=1
     setsid runuser -u munge -- munged </dev/null >>"$LOG_DIR/munged.out" 2>&1 ||
         { tail_log "$LOG_DIR/munged.out" /var/log/munge/munged.log; die "munged failed to start"; }
-    wait_for "munged pid file" /var/log/munge/munged.log test -s /run/munge/munged.pid
+    wait_for "munged pid file" /var/log/munge/munged.log pid_file_names /run/munge/munged.pid munged
     cp /run/munge/munged.pid "$STATE/munged.pid"
     wait_for "munge to answer" /var/log/munge/munged.log munge_works
 }
@@ -263,6 +269,10 @@ db_port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$DB_PORT") 2>/dev/null; }
 db_sql() { mariadb --no-defaults --socket="$DB_SOCKET" -u root -e "$1"; }
 
 start_mariadbd() {
+    # The server writes its own pid file in our data directory: a live one there is ours.
+    if ! our_pid mariadbd >/dev/null && pid_file_names "$DB_DIR/mariadbd.pid" mariadbd; then
+        cp "$DB_DIR/mariadbd.pid" "$STATE/mariadbd.pid"
+    fi
     if ! our_pid mariadbd >/dev/null; then
         ! db_port_open || die "port $DB_PORT is in use by another program; set" \
             "ENERGYSWEEP_SLURM_DB_PORT to a free port"
@@ -276,13 +286,15 @@ start_mariadbd() {
         fi
         log "starting MariaDB on 127.0.0.1:$DB_PORT"
         STARTED=1
+        # A pid file left by a killed server (e.g. the machine restarted) would be copied as ours.
+        rm -f "$DB_DIR/mariadbd.pid" "$STATE/mariadbd.pid"
         # Small InnoDB sizes: the data directory may be on tmpfs and the machine is small.
         setsid mariadbd --no-defaults --user=mysql --datadir="$DB_DIR/data" \
             --socket="$DB_SOCKET" --pid-file="$DB_DIR/mariadbd.pid" \
             --bind-address=127.0.0.1 --port="$DB_PORT" --log-error="$DB_DIR/mariadb.log" \
             --innodb-buffer-pool-size=64M --innodb-log-file-size=16M \
             </dev/null >>"$LOG_DIR/mariadb.out" 2>&1 &
-        wait_for "MariaDB pid file" "$DB_DIR/mariadb.log" test -s "$DB_DIR/mariadbd.pid"
+        wait_for "MariaDB pid file" "$DB_DIR/mariadb.log" pid_file_names "$DB_DIR/mariadbd.pid" mariadbd
         cp "$DB_DIR/mariadbd.pid" "$STATE/mariadbd.pid"
     fi
     wait_for "MariaDB to answer" "$DB_DIR/mariadb.log" db_sql "SELECT 1"

@@ -9,6 +9,7 @@ if it started it, so a developer's running cluster survives the test run.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class SlurmCluster:
     gpus_per_node: int = 4
     cpus_per_node: int = 8
     mem_mb_per_node: int = 16000
+    state: Path = Path(os.environ.get("ENERGYSWEEP_SLURM_STATE", "/var/run/energysweep-slurm"))
 
 
 def run_script(subcommand: str, timeout_s: float) -> subprocess.CompletedProcess[str]:

@@ -5,6 +5,7 @@ Needs the ``slurm_cluster`` fixture from ``slurm_fixtures`` (imported by the con
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -102,3 +103,19 @@ def test_up_is_idempotent(slurm_cluster: SlurmCluster) -> None:
     assert again.returncode == 0, again.stderr
     assert "already up" in again.stderr
     assert run_script("status", timeout_s=60).returncode == 0
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(FIRST_USE_TIMEOUT_S)
+def test_up_survives_a_stale_pid_file(slurm_cluster: SlurmCluster) -> None:
+    """A pid file naming a dead process (left by a restarted machine) must not hide our server."""
+    pid_file = slurm_cluster.state / "mariadbd.pid"
+    real_pid = pid_file.read_text()
+    pid_file.write_text(f"{os.getpid()}\n")  # a live pid, but not a MariaDB server
+    try:
+        again = run_script("up", timeout_s=60)
+        assert again.returncode == 0, again.stderr
+        assert "already up" in again.stderr
+        assert pid_file.read_text().strip() == real_pid.strip()
+    finally:
+        pid_file.write_text(real_pid)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from energysweep import config as es_config
 from energysweep.envinfo import code_version
-from energysweep.grid import BACKENDS
+from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -29,6 +29,7 @@ GRID = es_config.build_grid(config, Path.cwd())
 CONFIG_HASH = es_config.config_hash(config)
 CODE_VERSION = code_version(workflow.basedir)
 MODELS = {m["name"]: m for m in config["models"]}
+ENGINE_BACKENDS = {"vllm", "tensorrt-llm"}
 BATCH_SIZES = sorted(config["workload"]["batch_sizes"])
 REPS = list(range(config["workload"]["repetitions"]))
 
@@ -80,9 +81,16 @@ def get_mpi(wildcards):
 
 
 def get_tasks(wildcards):
-    """One task (one torchrun) per node for multi-node jobs; never set on single-node GPU
-    jobs, where the plugin would turn it into --ntasks-per-gpu (plugin issue #459)."""
-    return get_nodes(wildcards) if multi_node(wildcards) else None
+    """Multi-node jobs: one task per node (one torchrun each), or tp*pp MPI ranks under the mpi
+    launch mode (TensorRT-LLM). Never set on single-node GPU jobs, where the plugin would turn
+    it into --ntasks-per-gpu (plugin issue #459)."""
+    if not multi_node(wildcards):
+        return None
+    layout = ParallelLayout(int(wildcards.tp), int(wildcards.pp), int(wildcards.dp))
+    gpn = config["parallel"]["gpus_per_node"]
+    if launch_mode(wildcards.backend, layout, gpn) == "mpi":
+        return layout.ranks_per_replica
+    return get_nodes(wildcards)
 
 
 def get_tasks_per_gpu(wildcards):
@@ -134,6 +142,8 @@ def get_job_spec(wildcards):
         "batch_sizes": BATCH_SIZES,
         "model_entry": MODELS[wildcards.model],
         "gpus_per_node": config["parallel"]["gpus_per_node"],
+        # Only engine jobs carry it, so its settings do not change PyTorch jobs' config_hash.
+        **({"engine": config["engine"]} if wildcards.backend in ENGINE_BACKENDS else {}),
     }
 
 

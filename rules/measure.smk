@@ -15,6 +15,7 @@ rule measure:
         job=f"{JOB_DIR}/job.json",
         generations=f"{JOB_DIR}/generations.parquet",
         power=f"{JOB_DIR}/power.parquet",
+        requests=f"{JOB_DIR}/requests.parquet",
     log:
         f"logs/measure/{PARAMS.wildcard_pattern}.log",
     conda:

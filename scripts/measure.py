@@ -21,6 +21,7 @@ with open(sm.log[0], "w") as log:
         "job_json": sm.output.job,
         "generations": sm.output.generations,
         "power": sm.output.power,
+        "requests": sm.output.requests,
     }
     assert len(paths) == n_bs * n_rep
     run_job(

@@ -34,7 +34,7 @@ from energysweep.energy import (
     make_source,
     wall_ns,
 )
-from energysweep.grid import BACKENDS, ParallelLayout
+from energysweep.grid import ParallelLayout, expected_processes, launch_mode
 
 PHASE_GENERATE = "generate"
 PHASE_PREFILL = "prefill"
@@ -83,6 +83,8 @@ def _base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int,
     """
     job = spec["job"]
     not_measured = "not measured by this scenario"
+    gpn = spec.get("gpus_per_node")
+    launchers, gpu_workers = expected_processes(job["backend"], ctx.layout, gpn)
     return {
         "schema_version": shards.SCHEMA_VERSION,
         "job_id": spec["job_id"],
@@ -95,7 +97,9 @@ def _base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int,
         "pp": ctx.layout.pp,
         "dp": ctx.layout.dp,
         "world_size": ctx.layout.world_size,
-        "launch_mode": BACKENDS[job["backend"]]["launch"],
+        "launch_mode": launch_mode(job["backend"], ctx.layout, gpn),
+        "launcher_processes": launchers,
+        "gpu_workers": gpu_workers,
         "batch_size": bs,
         "global_batch_size": bs * ctx.layout.dp,
         "repetition": rep,
@@ -180,10 +184,12 @@ class JobMonitor:
 
     Owns the rank's GPU energy source (``measurement.energy_source``) and host source (RAPL on
     local rank 0, ``measurement.host_energy_source``); the measurers read windows through them.
+    The GPUs are the rank's own device, or those an engine backend names (``gpu_uuids()``: a
+    TensorRT-LLM replica process measures every GPU its engine workers use).
     """
 
     def __init__(self, spec: dict, ctx: dist.RankContext, clock=time.perf_counter,
-                 sleep=time.sleep):
+                 sleep=time.sleep, backend=None):
         from energysweep.energy.rapl import make_host_source
         from energysweep.energy.sampler import PowerSampler
 
@@ -192,8 +198,13 @@ class JobMonitor:
         self.m = spec["measurement"]
         self.clock = clock
         self.sleep = sleep
-        self.gpu_uuids = _gpu_uuids(ctx.device)
+        if backend is not None and hasattr(backend, "gpu_uuids"):
+            self.gpu_uuids = backend.gpu_uuids()
+        else:
+            self.gpu_uuids = _gpu_uuids(ctx.device)
         self.energy = make_source(self.m["energy_source"], ctx.device, self.gpu_uuids)
+        if backend is not None and hasattr(backend, "wrap_energy_source"):
+            self.energy = backend.wrap_energy_source(self.energy)
         self.host = make_host_source(self.m.get("host_energy_source", "auto"), ctx.local_rank)
         self.sampler_hz = float(self.m.get("sampler_hz", 0))
         self.sampler = PowerSampler(self.gpu_uuids, self.sampler_hz, spec["job_id"], ctx.rank,
@@ -489,6 +500,8 @@ def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
     """Process group, rank context, audit of the world, seeds: (ctx, audits, seeds)."""
     job = spec["job"]
     layout = ParallelLayout(job["tp"], job["pp"], job["dp"])
+    # The launch mode (torchrun / direct / mpi) decides what world the audit expects.
+    where = {"backend": job["backend"], "gpus_per_node": spec.get("gpus_per_node")}
     _, local_rank, _ = dist.env_world()
     device = dist.choose_device(spec["measurement"]["device"], local_rank)
     if device == "cpu":
@@ -496,13 +509,13 @@ def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
 
         # Ranks share the node's cores; without this every rank spawns one thread per core.
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    dist.init(layout, device)
+    dist.init(layout, device, **where)
     ctx = dist.make_context(
         layout, device, model_dir=spec["model_dir"], dtype=spec["dtype"], seed=spec["seed"],
-        max_input_tokens=spec["workload"]["max_input_tokens"],
+        max_input_tokens=spec["workload"]["max_input_tokens"], extra={"spec": spec}, **where,
     )
     audits = dist.gather(ctx.audit())
-    dist.check_world(audits, layout)
+    dist.check_world(audits, layout, **where)
     return ctx, audits, _seed(spec["seed"])
 
 
@@ -534,6 +547,7 @@ def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds
         "environment": job_environment(monitor.env_start, monitor.env_end, spec["job_id"],
                                        spec["config_hash"], spec["code_version"], seeds),
         "measurement": spec["measurement"],
+        "engine": spec.get("engine"),  # engine jobs only (config `engine:`)
         "seed": spec["seed"],
         "timing": timing,
     }
@@ -541,6 +555,15 @@ def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds
     tmp = Path(path).with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def _write_no_requests(spec: dict) -> None:
+    """An empty requests.parquet: this backend/scenario reports no per-request timings."""
+    from energysweep.backends import request_log
+
+    path = request_log.path_for(spec)
+    if path is not None:
+        request_log.write([], path)
 
 
 def _gather_to_rank0(obj) -> list | None:
@@ -580,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     # Training loads a trainable copy of the model per grid point (energysweep.training).
     backend = None if training else load_backend(spec["job"]["backend"], ctx)
     load_s = time.time() - t_load
-    monitor = JobMonitor(spec, ctx)
+    monitor = JobMonitor(spec, ctx, backend=backend)
     if training:
         from energysweep.training import TrainingMeasurer
 
@@ -613,7 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     measurer.close()
     monitor.close()
     if backend is not None:
-        backend.close()
+        backend.close()  # collective: engine backends gather and write requests.parquet here
+    if not getattr(backend, "writes_requests", False) and ctx.rank == 0:
+        _write_no_requests(spec)
     dist.barrier()
     dist.destroy()
     return 0

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 
 # v2: phase prefill, energy_source, min_window_s, Zeus cross-check, idle baseline, host (RAPL)
 # energy, model_parameters, flops_estimate and loss (training) columns.
-SCHEMA_VERSION = 2
+# v3: launcher_processes and gpu_workers (what the process audit expects per launch mode).
+SCHEMA_VERSION = 3
 
 # (name, type, nullable, description) — the README's schema table is generated from this list.
 COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
@@ -30,8 +31,14 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("tp", pa.int16(), False, "tensor-parallel degree"),
     ("pp", pa.int16(), False, "pipeline-parallel degree"),
     ("dp", pa.int16(), False, "data-parallel degree"),
-    ("world_size", pa.int16(), False, "processes the layout expects (tp*pp*dp for torchrun)"),
-    ("launch_mode", pa.string(), False, "torchrun | direct | mpi"),
+    ("world_size", pa.int16(), False, "GPUs of the layout: tp*pp*dp"),
+    ("launch_mode", pa.string(), False,
+     "torchrun (one process per GPU) | direct (one process per DP replica; the engine spawns "
+     "its GPU workers) | mpi (one replica over several nodes, srun starts tp*pp MPI ranks)"),
+    ("launcher_processes", pa.int16(), False,
+     "processes our code ran in, as the process audit checked them (tp*pp*dp for torchrun, "
+     "dp for direct, 1 for mpi)"),
+    ("gpu_workers", pa.int16(), False, "processes computing on a GPU: tp*pp*dp in every mode"),
     ("batch_size", pa.int32(), False, "per-replica batch size"),
     ("global_batch_size", pa.int32(), False, "batch_size * dp"),
     ("repetition", pa.int16(), False, "repetition index of this window"),

@@ -2,12 +2,12 @@
 
 Real Snakemake, real torchrun (gloo), the real replica step of the direct launch mode, the real
 process audit, shards and summary; only ``vllm`` / ``tensorrt_llm`` are the fakes of
-tests/fake_engines.py, put on PYTHONPATH as packages. It needs energysweep.run to hand the
-backend and the spec to energysweep.dist (see docs/backends.md); until then it is skipped.
+tests/fake_engines.py, put on PYTHONPATH as packages.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,8 +21,6 @@ from conftest import test_env, workflow_copy
 pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN_PY = (ROOT / "src" / "energysweep" / "run.py").read_text()
-WIRED = 'extra={"spec": spec}' in RUN_PY or "extra={'spec': spec}" in RUN_PY
 
 VLLM_INIT = """import sys
 import fake_engines
@@ -41,13 +39,13 @@ SamplingParams = _m.SamplingParams
 """
 CONFIG = {
     "models": [{"name": "tiny-llama", "path": "builtin:tiny"}],
-    "backends": ["vllm", "tensorrt-llm"],
+    "backends": ["pytorch", "vllm", "tensorrt-llm"],
     "parallel": {"tp": [1, 2], "pp": [1], "dp": [1, 2], "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [2], "repetitions": 1, "iterations": 1, "output_tokens": 5},
+    "engine": {"max_model_len": 96},
 }
 
 
-@pytest.mark.skipif(not WIRED, reason="energysweep.run does not pass the backend/spec to dist yet")
 @pytest.mark.timeout(900)
 def test_engine_jobs_run_with_their_launch_modes(tmp_path):
     wf = workflow_copy(tmp_path)
@@ -72,13 +70,37 @@ def test_engine_jobs_run_with_their_launch_modes(tmp_path):
     got = e.groupby(["backend", "tp", "dp"]).agg(
         mode=("launch_mode", "first"),
         pids=("pid", "nunique"),
+        launchers=("launcher_processes", "first"),
+        workers=("gpu_workers", "first"),
         dps=("dp_rank", "nunique"),
         status=("status", "first"),
     )
-    # vLLM: one process per rank (torchrun); TensorRT-LLM: one process per replica (direct).
-    assert got.loc[("vllm", 2, 1)].tolist() == ["torchrun", 2, 1, "ok"]
-    assert got.loc[("vllm", 1, 2)].tolist() == ["torchrun", 2, 2, "ok"]
-    assert got.loc[("tensorrt-llm", 2, 1)].tolist() == ["direct", 1, 1, "ok"]
-    assert got.loc[("tensorrt-llm", 1, 2)].tolist() == ["direct", 2, 2, "ok"]
+    # PyTorch and vLLM: one process per rank (torchrun); TensorRT-LLM: one per replica (direct),
+    # whose engine spawns the GPU workers. The audit counted what the shards record.
+    assert got.loc[("pytorch", 2, 1)].tolist() == ["torchrun", 2, 2, 2, 1, "ok"]
+    assert got.loc[("vllm", 2, 1)].tolist() == ["torchrun", 2, 2, 2, 1, "ok"]
+    assert got.loc[("vllm", 1, 2)].tolist() == ["torchrun", 2, 2, 2, 2, "ok"]
+    assert got.loc[("tensorrt-llm", 2, 1)].tolist() == ["direct", 1, 1, 2, 1, "ok"]
+    assert got.loc[("tensorrt-llm", 1, 2)].tolist() == ["direct", 2, 2, 2, 2, "ok"]
+
+    # One summary for all backends: same columns, one row per point, every point ok.
     s = pd.read_csv(wf / "results" / "summary.csv")
-    assert set(s["backend"]) == {"vllm", "tensorrt-llm"} and (s["status"] == "ok").all()
+    assert set(s["backend"]) == {"pytorch", "vllm", "tensorrt-llm"}
+    assert (s["status"] == "ok").all()
+    per_backend = s.groupby("backend").size()
+    assert per_backend.nunique() == 1, per_backend  # 3 layouts x phases, whatever the backend
+
+    # Every job publishes requests.parquet: engine jobs one row per request with the engine's
+    # timings, PyTorch an empty table (it reports no per-request metrics).
+    for job in (wf / "results" / "shards").rglob("job.json"):
+        req = pd.read_parquet(job.with_name("requests.parquet"))
+        engine = json.loads(job.read_text())["engine"]
+        if "backend~pytorch" in str(job):
+            assert req.empty
+            assert engine is None  # engine options are not part of a PyTorch job
+            continue
+        assert engine["max_model_len"] == 96
+        # generate windows: output_tokens each; prefill windows: 1 new token each
+        assert set(req["output_tokens"]) == {CONFIG["workload"]["output_tokens"], 1}
+        assert (req["metrics_status"] == "measured").all(), req["metrics_status"].unique()
+        assert req["ttft_s"].notna().all()

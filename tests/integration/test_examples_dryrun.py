@@ -114,6 +114,8 @@ def test_trtllm_example_runs_a_replica_over_two_nodes_and_skips_multi_node_dp(wf
     }
     res = by_layout[("llama-3.1-70b", "8", "4", "1")]
     assert int(res["nodes"]) == 2 and gpus_asked(res) == 32
+    # mpi launch: the allocation holds one task per MPI rank (tp*pp), 16 per node.
+    assert int(res["tasks"]) == 32 and res["mpi"] == "srun", res
     # tp8 x pp2 x dp2 = 32 GPUs: two single-node replicas on two nodes is not a launch mode.
     assert ("llama-3.1-70b", "8", "2", "2") not in by_layout
     cfg = es_config.validate_schema(
@@ -151,3 +153,13 @@ def test_a_missing_engine_fails_validation_outside_a_dry_run(wf):
         pytest.skip("vllm is installed in this environment")
     assert proc.returncode != 0
     assert "backend 'vllm' is not installed here" in out and "envs/vllm.yaml" in out
+
+
+def test_multi_node_torchrun_jobs_get_one_task_per_node(wf):
+    """PyTorch over two nodes: one task per node, each a torchrun of 16 ranks."""
+    jobs = measure_jobs(dry_run(wf, "dgx2-pytorch.yaml"))
+    multi = [j for j in jobs if int(j["resources"].get("nodes", 1)) > 1]
+    assert multi
+    for job in multi:
+        assert int(job["resources"]["tasks"]) == int(job["resources"]["nodes"]), job
+        assert job["resources"]["gres"] == "gpu:16", job

@@ -62,3 +62,12 @@ def test_killed_writer_leaves_no_shard(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert not target.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-s.parquet")]
+
+
+def test_readme_schema_table_is_generated_from_columns():
+    """The README's schema section is shards.markdown_table() verbatim, at the current version."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"## The shard schema (v{shards.SCHEMA_VERSION})" in readme
+    assert shards.markdown_table() in readme

@@ -3,9 +3,10 @@
 
 def row(**over) -> dict:
     base = {
-        "schema_version": 2, "job_id": "j1", "config_hash": "h", "code_version": "0.1.0+gabc",
+        "schema_version": 3, "job_id": "j1", "config_hash": "h", "code_version": "0.1.0+gabc",
         "model": "tiny", "backend": "pytorch", "scenario": "inference",
         "tp": 1, "pp": 1, "dp": 1, "world_size": 1, "launch_mode": "torchrun",
+        "launcher_processes": 1, "gpu_workers": 1,
         "batch_size": 4, "global_batch_size": 4, "repetition": 0, "phase": "generate",
         "status": "ok", "error": None,
         "window_start_ns": 1_000_000_000, "window_end_ns": 3_000_000_000, "iterations": 2,

@@ -95,6 +95,7 @@ class EngineBackend:
     """
 
     name = "engine"
+    writes_requests = True  # close() writes requests.parquet (run.py writes an empty one else)
 
     def __init__(self, ctx, opts: JobOptions):
         from transformers import AutoTokenizer

@@ -79,7 +79,7 @@ def test_rows_are_honest(local_run):
     assert not (e["gpu_energy_mj"].eq(0) & ~e["gpu_energy_status"].eq("short-window")).any()
     assert e["gpu_energy_detail"][unavailable].str.len().gt(0).all()
     assert e["config_hash"].str.len().gt(0).all() and e["code_version"].str.len().gt(0).all()
-    assert set(e["phase"]) == {"generate", "prefill"}
+    assert set(e["phase"]) == {"generate", "prefill", "train"}
     s = pd.read_csv(wf / "results" / "summary.csv")
     assert unexplained_nulls(s) == []  # every null in the summary has a status saying why
     for col in ["energy_per_output_token_j_ci_low", "energy_per_output_token_j_ci_high",
@@ -90,7 +90,14 @@ def test_rows_are_honest(local_run):
     assert set(s["dp"]) == {1, 2} and set(s["batch_size"]) == {1, 4}
     for job in (wf / "results" / "shards").glob("**/job.json"):
         assert (job.parent / "power.parquet").is_file()
-    assert s["output_tokens_per_s"].gt(0).all()
+    inference, training = s[s["scenario"] == "inference"], s[s["scenario"] == "training"]
+    assert inference["output_tokens_per_s"].gt(0).all()
+    # The default config's training sweep: one row per layout and batch size, with energy per
+    # training token (null on CPU, gpu_energy_status says why) and the window's loss.
+    assert len(training) == len(inference) and (training["status"] == "ok").all()
+    assert training["train_tokens_per_s"].gt(0).all() and training["loss"].notna().all()
+    assert "energy_per_train_token_j" in s.columns
+    assert training["energy_per_output_token_j"].isna().all()
     assert s.loc[s["energy_per_output_token_j"].isna(), "gpu_energy_status"].ne("measured").all()
 
 
@@ -99,7 +106,8 @@ def test_dp2_ran_two_processes_with_identical_tokens(local_run):
     wf, _ = local_run
     e = pd.read_parquet(wf / "results" / "energy.parquet")
     dp2 = e[e["dp"] == 2]
-    per_window = dp2.groupby(["batch_size", "repetition"]).agg(
+    # Every dp=2 window (inference and training jobs) ran on two processes, one per replica.
+    per_window = dp2.groupby(["scenario", "phase", "batch_size", "repetition"]).agg(
         ranks=("rank", "nunique"), pids=("pid", "nunique"), dp_ranks=("dp_rank", "nunique")
     )
     assert (per_window == 2).all().all()

@@ -118,13 +118,23 @@ class EngineBackend:
     def is_oom(exc: BaseException) -> bool:
         return is_oom(exc)
 
-    def _timed(self, submit, batch: list[list[int]]):
-        """Run ``submit(batch)`` and return (outputs, call_start_ns, call_end_ns, call_index)."""
+    def _submit(self, submit, batch: list[list[int]], timing_of, writer: bool = True):
+        """Run ``submit(batch)`` timed; on a writer, return each request's generated token ids
+        (its first completion) and log one request row each, with ``timing_of(output)``.
+
+        Returns None on a process that is not its replica's writer.
+        """
         call = self._calls
         self._calls += 1
         start = time.time_ns()
         outputs = submit(batch)
-        return outputs, start, time.time_ns(), call
+        end = time.time_ns()
+        if not writer:
+            return None
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        self._record(call, start, end, batch, [len(t) for t in tokens],
+                     [timing_of(o) for o in outputs])
+        return tokens
 
     def _record(self, call: int, start_ns: int, end_ns: int, batch, lengths, timings) -> None:
         """Add one row per request; ``timings`` holds (ttft_s, tpot_s, source) or None each."""

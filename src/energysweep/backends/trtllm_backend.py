@@ -136,19 +136,11 @@ class TrtllmBackend(EngineBackend):
 
     def generate(self, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         params = self._sampling_cls(**sampling_kwargs(max_new_tokens))
-        outputs, start, end, call = self._timed(
-            lambda b: self.llm.generate(b, sampling_params=params, use_tqdm=False), batch
-        )
-        tokens = [list(o.outputs[0].token_ids) for o in outputs]
-        self._record(
-            call,
-            start,
-            end,
+        return self._submit(
+            lambda b: self.llm.generate(b, sampling_params=params, use_tqdm=False),
             batch,
-            [len(t) for t in tokens],
-            [request_timing(o.outputs[0]) for o in outputs],
+            lambda o: request_timing(o.outputs[0]),
         )
-        return tokens
 
     def gpu_uuids(self) -> list[str]:
         """UUIDs of this replica's GPUs on this node (its CUDA_VISIBLE_DEVICES, via NVML).

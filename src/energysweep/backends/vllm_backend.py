@@ -102,21 +102,12 @@ class VllmBackend(EngineBackend):
 
     def generate(self, batch: list[list[int]], max_new_tokens: int) -> list[list[int]] | None:
         params = self._sampling_cls(**sampling_kwargs(max_new_tokens))
-        outputs, start, end, call = self._timed(
-            lambda b: self.llm.generate(prompts_of(b), params, use_tqdm=False), batch
-        )
-        if not self.ctx.coords.is_writer:
-            return None
-        tokens = [list(o.outputs[0].token_ids) for o in outputs]
-        self._record(
-            call,
-            start,
-            end,
+        return self._submit(
+            lambda b: self.llm.generate(prompts_of(b), params, use_tqdm=False),
             batch,
-            [len(t) for t in tokens],
-            [request_timing(o.metrics) for o in outputs],
+            lambda o: request_timing(o.metrics),
+            writer=self.ctx.coords.is_writer,
         )
-        return tokens
 
     def synchronize(self) -> None:
         import torch

@@ -345,28 +345,23 @@ class Measurer:
             raise RuntimeError(f"backend returned {[len(g) for g in gen]} tokens, not {n_new}")
         return gen
 
-    def window(self, batches, n_new: int, record: list | None = None) -> dict:
-        """One measured window (see the module docstring for the rule)."""
-        min_iters = self.wl["iterations"]
-        self.backend.synchronize()
+    def measured(self, step, min_iters: int, synchronize) -> dict:
+        """The window rule (module docstring) around ``step(i)``, called once per iteration.
+
+        Returns the window's edges (ns), its iteration count and its energy, host and CPU-time
+        readings. The training measurer uses it with optimizer steps as iterations.
+        """
+        synchronize()
         dist.barrier()
         start = wall_ns()
         t0 = self.clock()
         self.energy.begin()
         self.host.begin()
         self.cpu.begin()
-        it = tin = tout = 0
-        target = min_iters
+        it, target = 0, min_iters
         while True:
             while it < target:
-                idx, batch = batches[it % len(batches)]
-                gen = self._generate(batch, n_new)
-                if gen is not None:
-                    tin += self.backend.input_tokens(batch)
-                    tout += sum(len(g) for g in gen)
-                    if record is not None and it < min_iters:
-                        record += [{"iteration": it, "prompt_index": i, "token_ids": g}
-                                   for i, g in zip(idx, gen, strict=True)]
+                step(it)
                 it += 1
             elapsed = min(dist.gather(self.clock() - t0))  # the same decision on every rank
             if elapsed >= self.min_window_s:
@@ -374,15 +369,47 @@ class Measurer:
             per_iter = elapsed / it
             more = (self.min_window_s - elapsed) / per_iter * 1.05 if per_iter > 0 else it
             target = it + max(1, math.ceil(more))
-        self.backend.synchronize()
+        synchronize()
         dist.barrier()
         end = wall_ns()
         readings = self.energy.end()
         host = self.host.end()
         cpu_s = self.cpu.end()
         self.window_ns_total += end - start
-        return {"start": start, "end": end, "iterations": it, "tin": tin, "tout": tout,
-                "readings": readings, "host": host, "cpu_s": cpu_s}
+        return {"start": start, "end": end, "iterations": it, "readings": readings,
+                "host": host, "cpu_s": cpu_s}
+
+    def window(self, batches, n_new: int, record: list | None = None) -> dict:
+        """One measured generate (or prefill: ``n_new`` 1) window over ``batches``."""
+        min_iters = self.wl["iterations"]
+        tokens = {"tin": 0, "tout": 0}
+
+        def step(it: int) -> None:
+            idx, batch = batches[it % len(batches)]
+            gen = self._generate(batch, n_new)
+            if gen is None:  # not its replica's writer
+                return
+            tokens["tin"] += self.backend.input_tokens(batch)
+            tokens["tout"] += sum(len(g) for g in gen)
+            if record is not None and it < min_iters:
+                record.extend({"iteration": it, "prompt_index": i, "token_ids": g}
+                              for i, g in zip(idx, gen, strict=True))
+
+        w = self.measured(step, min_iters, self.backend.synchronize)
+        return {**w, **tokens}
+
+    def agree_on_failure(self, error: tuple[str, str] | None, bs: int,
+                         windows: list[list[dict]]) -> list[list[dict]]:
+        """``windows``, or failed rows for every repetition if any rank's point failed.
+
+        Collective: every rank must agree whether the point failed, or the shards would disagree.
+        """
+        errors = [e for e in dist.gather(error) if e is not None]
+        if not errors:
+            return windows
+        status = "oom" if any(s == "oom" for s, _ in errors) else "error"
+        msg = "; ".join(sorted({m for _, m in errors}))[:2000]
+        return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl["repetitions"])]
 
     def _rows(self, bs: int, rep: int, phase: str, w: dict) -> list[dict]:
         base = _base_row(self.spec, self.ctx, bs, rep, phase)
@@ -445,13 +472,7 @@ class Measurer:
             status = "oom" if self.backend.is_oom(exc) else "error"
             error = (status, f"{type(exc).__name__}: {exc}")
             traceback.print_exc()
-        # Every rank must agree whether the point failed, or the shards would disagree.
-        errors = [e for e in dist.gather(error) if e is not None]
-        if errors:
-            status = "oom" if any(s == "oom" for s, _ in errors) else "error"
-            msg = "; ".join(sorted({m for _, m in errors}))[:2000]
-            windows = [self._failed_rows(bs, rep, status, msg) for rep in range(reps)]
-        return windows
+        return self.agree_on_failure(error, bs, windows)
 
     def close(self) -> None:
         pass

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import traceback
 
 import torch
@@ -50,7 +49,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from energysweep import dist
-from energysweep.energy import wall_ns
 from energysweep.grid import ParallelLayout
 from energysweep.run import PHASE_GENERATE, Measurer, _prompt_indices
 
@@ -606,45 +604,16 @@ class TrainingMeasurer(Measurer):
 
     def train_window(self, trainer, bs: int) -> dict:
         """One measured window of optimizer steps; the run.Measurer.window dict plus the loss."""
-        min_steps = self.cfg["steps"]
-        self._sync()
-        dist.barrier()
-        start = wall_ns()
-        t0 = self.clock()
-        self.energy.begin()
-        self.host.begin()
-        self.cpu.begin()
-        steps, target = 0, min_steps
-        while True:
-            while steps < target:
-                trainer.step()
-                steps += 1
-            elapsed = min(dist.gather(self.clock() - t0))  # the same decision on every rank
-            if elapsed >= self.min_window_s:
-                break
-            per_step = elapsed / steps
-            more = (self.min_window_s - elapsed) / per_step * 1.05 if per_step > 0 else steps
-            target = steps + max(1, math.ceil(more))
-        self._sync()
-        dist.barrier()
-        end = wall_ns()
-        readings = self.energy.end()
-        host = self.host.end()
-        cpu_s = self.cpu.end()
-        self.window_ns_total += end - start
+        w = self.measured(lambda _: trainer.step(), self.cfg["steps"], self._sync)
         per_step_loss = trainer.take_losses()  # after the window: a collective + host sync
         # Per-rank counts are non-zero only on each replica's writer; run._finalize_window sums
         # them over ranks into the window total (all replicas).
+        steps = w["iterations"]
         tokens = bs * steps * self.cfg["seq_len"] if self.ctx.coords.is_writer else 0
         return {
-            "start": start,
-            "end": end,
-            "iterations": steps,
+            **w,
             "tin": tokens,
             "tout": None,
-            "readings": readings,
-            "host": host,
-            "cpu_s": cpu_s,
             "loss": sum(per_step_loss) / len(per_step_loss),
             "step_losses": per_step_loss,
         }
@@ -684,13 +653,7 @@ class TrainingMeasurer(Measurer):
                 trainer.close()
             if self.accelerator is not None:
                 self.accelerator.free_memory()
-        # Every rank must agree whether the point failed, or the shards would disagree.
-        errors = [e for e in dist.gather(error) if e is not None]
-        if errors:
-            status = "oom" if any(s == "oom" for s, _ in errors) else "error"
-            msg = "; ".join(sorted({m for _, m in errors}))[:2000]
-            windows = [self._failed_rows(bs, rep, status, msg) for rep in range(reps)]
-        return windows
+        return self.agree_on_failure(error, bs, windows)
 
     def close(self) -> None:
         if self.accelerator is not None:

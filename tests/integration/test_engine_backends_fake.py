@@ -40,6 +40,7 @@ SamplingParams = _m.SamplingParams
 CONFIG = {
     "models": [{"name": "tiny-llama", "path": "builtin:tiny"}],
     "backends": ["pytorch", "vllm", "tensorrt-llm"],
+    "scenarios": ["inference"],  # the engines have no training scenario
     "parallel": {"tp": [1, 2], "pp": [1], "dp": [1, 2], "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [2], "repetitions": 1, "iterations": 1, "output_tokens": 5},
     "engine": {"max_model_len": 96},

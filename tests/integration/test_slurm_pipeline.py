@@ -19,6 +19,8 @@ from conftest import test_env, workflow_copy
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 SMALL = {"workload": {"batch_sizes": [1, 4], "repetitions": 2, "iterations": 1}}
+# The tests of one Slurm behaviour need one job per layout: inference only.
+INFERENCE = {"scenarios": ["inference"]}
 SLURM = ["--profile", "profiles/slurm", "--profile", "profiles/slurm-ci"]
 SNAKEMAKE_TIMEOUT_S = 900
 
@@ -76,11 +78,13 @@ def test_default_sweep_through_slurm(slurm_cluster, tmp_path):
     assert proc.returncode == 0, proc.stderr[-5000:]
     e = pd.read_parquet(wf / "results" / "energy.parquet")
 
-    # One COMPLETED Slurm job per layout, allocated exactly tp*pp*dp GPUs.
-    per_job = e.groupby(["tp", "pp", "dp"])["slurm_job_id"].unique()
-    assert len(per_job) == 4 and all(len(ids) == 1 for ids in per_job)
+    # One COMPLETED Slurm job per layout and scenario (the default sweep has inference and
+    # training), allocated exactly tp*pp*dp GPUs.
+    per_job = e.groupby(["scenario", "tp", "pp", "dp"])["slurm_job_id"].unique()
+    assert len(per_job) == 8 and all(len(ids) == 1 for ids in per_job)
+    assert set(e["scenario"]) == {"inference", "training"}
     acct = sacct([ids[0] for ids in per_job]).set_index("job_id")
-    for (tp, pp, dp), ids in per_job.items():
+    for (_, tp, pp, dp), ids in per_job.items():
         job = acct.loc[ids[0]]
         assert job["state"] == "COMPLETED", job
         assert job["gpus"] == tp * pp * dp, job
@@ -110,7 +114,7 @@ def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
     """Three 2-GPU layouts on a 4-GPU node: two run together, the third waits for GPUs."""
     wf = workflow_copy(tmp_path)
     models = [{"name": f"tiny-{i}", "path": "builtin:tiny", "spec": {"seed": i}} for i in range(3)]
-    cfg = write_config(wf, {**SMALL, "models": models, "parallel": {"dp": [2]}})
+    cfg = write_config(wf, {**SMALL, **INFERENCE, "models": models, "parallel": {"dp": [2]}})
     proc = snakemake(wf, cfg)
     assert proc.returncode == 0, proc.stderr[-5000:]
     e = pd.read_parquet(wf / "results" / "energy.parquet")
@@ -135,6 +139,7 @@ def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(slurm_clust
         {
             "workload": {"batch_sizes": [1, 4, 8], "repetitions": 2, "iterations": 3},
             "parallel": {"tp": [1], "pp": [1], "dp": [1]},
+            **INFERENCE,
         },
     )
     argv = ["snakemake", *SLURM, cfg]
@@ -190,6 +195,7 @@ def test_job_over_its_runtime_is_retried_with_more(slurm_cluster, tmp_path):
             "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1},
             "measurement": {"min_window_s": 45},
             "parallel": {"tp": [1], "pp": [1], "dp": [1]},
+            **INFERENCE,
         },
     )
     since = now()

@@ -29,6 +29,19 @@ class CounterWentBackwards(RuntimeError):
     """The energy counter decreased inside a window (driver reload or a wrong device)."""
 
 
+def window_reading(gpu: dict, energy_mj: float, duration_ns: int, method: str,
+                   source: str) -> GpuReading:
+    """The reading of one GPU (a dict with uuid, index, pci, name) over a window of
+    ``duration_ns``; flagged short-window when shorter than the counter's update period."""
+    short = duration_ns < COUNTER_UPDATE_PERIOD_NS
+    return GpuReading(
+        gpu["uuid"], gpu["index"], gpu["pci"], gpu["name"], energy_mj,
+        STATUS_SHORT_WINDOW if short else STATUS_MEASURED, method,
+        f"window {duration_ns / 1e6:.1f} ms < counter update period" if short else "",
+        source=source,
+    )
+
+
 def _str(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -125,20 +138,7 @@ class NvmlSource(EnergySource):
                     f"NVML energy counter of {g['uuid']} went from {a} to {b} mJ inside a window "
                     "(driver reload?); the window is not usable"
                 )
-            short = duration < COUNTER_UPDATE_PERIOD_NS
-            readings.append(
-                GpuReading(
-                    g["uuid"],
-                    g["index"],
-                    g["pci"],
-                    g["name"],
-                    float(b - a),
-                    STATUS_SHORT_WINDOW if short else STATUS_MEASURED,
-                    METHOD,
-                    f"window {duration / 1e6:.1f} ms < counter update period" if short else "",
-                    source=self.name,
-                )
-            )
+            readings.append(window_reading(g, float(b - a), duration, METHOD, self.name))
         return readings
 
     def close(self) -> None:

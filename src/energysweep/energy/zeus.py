@@ -22,8 +22,6 @@ import os
 import warnings
 
 from energysweep.energy import (
-    STATUS_MEASURED,
-    STATUS_SHORT_WINDOW,
     EnergySource,
     GpuReading,
     SourceUnavailable,
@@ -112,7 +110,6 @@ class ZeusSource(EnergySource):
             warnings.simplefilter("ignore")
             m = self.monitor.end_window(self._key, sync_execution=False)
         duration = wall_ns() - self._start_ns
-        short = duration < es_nvml.COUNTER_UPDATE_PERIOD_NS
         readings = []
         for g in self._gpus:
             joules = m.gpu_energy.get(g["zeus_index"])
@@ -122,17 +119,5 @@ class ZeusSource(EnergySource):
                 raise es_nvml.CounterWentBackwards(
                     f"Zeus reports {joules} J for {g['uuid']}: the NVML counter went backwards"
                 )
-            readings.append(
-                GpuReading(
-                    g["uuid"],
-                    g["index"],
-                    g["pci"],
-                    g["name"],
-                    joules * 1e3,
-                    STATUS_SHORT_WINDOW if short else STATUS_MEASURED,
-                    METHOD,
-                    f"window {duration / 1e6:.1f} ms < counter update period" if short else "",
-                    source=self.name,
-                )
-            )
+            readings.append(es_nvml.window_reading(g, joules * 1e3, duration, METHOD, self.name))
         return readings

@@ -113,6 +113,18 @@ NO_OUTPUT_TOKENS = "not-applicable (training generates no output tokens)"
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
 
 
+# The shard columns windows() reads; aggregate() converts only these to pandas.
+WINDOW_COLUMNS = [
+    *WINDOW_KEYS, "status", "error", "window_start_ns", "window_end_ns", "iterations", "requests",
+    "input_tokens", "output_tokens", "rank", "pid", "host", "device", "gpu_uuid",
+    "gpu_energy_mj", "gpu_energy_status", "gpu_energy_method", "gpu_energy_detail",
+    "energy_source", "gpu_energy_mj_zeus", "gpu_energy_zeus_status", "idle_gpu_power_w",
+    "idle_gpu_power_status", "host_energy_mj", "host_dram_energy_mj", "host_energy_status",
+    "host_energy_detail", "idle_host_power_w", "idle_host_power_status", "cpu_time_s",
+    "model_parameters", "model_parameters_method", "flops_estimate", "loss", "config_hash",
+    "code_version",
+]
+
 # The merged dataset is partitioned by these columns (hive style: model=m/backend=b/part-0.parquet).
 PARTITION_KEYS = ["model", "backend"]
 
@@ -136,16 +148,27 @@ def job_shard_paths(job_records: list[str | Path], shard_names: list[str]) -> li
     return paths
 
 
+# Shards per read task: each task concatenates its shards into one chunk, so the merged table
+# is not 10^4 one-row chunks that every later step (the partitioned write, to_pandas) pays for.
+MERGE_BATCH = 64
+
+
+def _read_batch(paths: list[str | Path]) -> pa.Table:
+    return pa.concat_tables([shards.read_shard(p) for p in paths]).combine_chunks()
+
+
 def merge(paths: list[str | Path]) -> pa.Table:
-    """Read every shard once, check its schema, and concatenate.
+    """Read every shard once, check its schema, and concatenate (one chunk per batch of shards).
 
     Reads run on a few threads: pyarrow decodes without the GIL, and per-file open and decode
     (not bytes) is the cost of many small shards (bench/merge_scaling.py).
     """
     if not paths:
         return shards.SCHEMA.empty_table()
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 1)) as pool:
-        return pa.concat_tables(list(pool.map(shards.read_shard, paths)))
+    batches = [paths[i : i + MERGE_BATCH] for i in range(0, len(paths), MERGE_BATCH)]
+    workers = min(8, 2 * (os.cpu_count() or 1), len(batches))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return pa.concat_tables(list(pool.map(_read_batch, batches)))
 
 
 def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
@@ -181,111 +204,249 @@ def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
         raise
 
 
-def _all_or_nan(values: pd.Series) -> float:
-    """Sum of values, or NaN if any is missing (never a partial sum)."""
-    return float(values.sum()) if len(values) and values.notna().all() else np.nan
+class _Groups:
+    """Rows of a frame, in a given order, grouped by a group id: vectorized per-group reductions.
+
+    ``rows`` are positions in the frame (a subset, in the order a per-group loop would see them);
+    they are stably ordered by group, so each group's rows stay in that order. Every method takes
+    a frame-aligned array and returns one value per group (``n`` groups, empty ones included).
+    """
+
+    def __init__(self, gid: np.ndarray, n: int, rows: np.ndarray | None = None):
+        rows = np.arange(len(gid)) if rows is None else np.asarray(rows, dtype=np.int64)
+        self.rows = rows[np.argsort(gid[rows], kind="stable")]
+        self.g = gid[self.rows]
+        self.n = n
+        self.count = np.bincount(self.g, minlength=n)
+        self.start = np.concatenate([[0], np.cumsum(self.count)[:-1]]).astype(np.int64)
+
+    def _take(self, values) -> np.ndarray:
+        return np.asarray(values)[self.rows]
+
+    def all(self, mask) -> np.ndarray:
+        """Whether ``mask`` holds on every row of the group (True for an empty group)."""
+        return np.bincount(self.g, weights=~self._take(mask), minlength=self.n) == 0
+
+    def any(self, mask) -> np.ndarray:
+        return np.bincount(self.g, weights=self._take(mask), minlength=self.n) > 0
+
+    def sum(self, values) -> np.ndarray:
+        """Sums with NaN as 0, rounded exactly as ``Series.sum`` rounds (numpy pairwise sums)."""
+        v = np.nan_to_num(self._take(values).astype(float), nan=0.0)
+        # Up to 7 values numpy adds in order, as bincount does; from 8 on it sums pairwise.
+        out = np.bincount(self.g, weights=v, minlength=self.n)
+        for g in np.flatnonzero(self.count >= 8):
+            out[g] = np.add.reduce(v[self.start[g] : self.start[g] + self.count[g]])
+        return out
+
+    def sum_all_or_nan(self, values) -> np.ndarray:
+        """Per group the sum, or NaN if a value is missing or there is none (never partial)."""
+        v = self._take(values).astype(float)
+        bad = np.bincount(self.g, weights=np.isnan(v), minlength=self.n) > 0
+        return np.where(bad | (self.count == 0), np.nan, self.sum(values))
+
+    def sum_min_count_1(self, values) -> np.ndarray:
+        """``Series.sum(min_count=1)``: the sum of the values present, NaN if none is."""
+        v = self._take(values).astype(float)
+        present = np.bincount(self.g, weights=~np.isnan(v), minlength=self.n)
+        return np.where(present > 0, self.sum(values), np.nan)
+
+    def first(self, values) -> np.ndarray:
+        """The group's first value (None for an empty group)."""
+        out = np.full(self.n, None, dtype=object)
+        has = self.count > 0
+        out[has] = self._take(values)[self.start[has]]
+        return out
+
+    def _distinct(self, values) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct non-null (group, value) pairs, sorted by group then value: (groups, values)."""
+        codes, uniques = pd.factorize(pd.Series(values), sort=True)  # codes follow value order
+        codes = codes[self.rows]
+        present = codes >= 0
+        m = max(len(uniques), 1)
+        pairs = np.unique(self.g[present].astype(np.int64) * m + codes[present])
+        return pairs // m, np.asarray(uniques, dtype=object)[pairs % m]
+
+    def nunique(self, values) -> np.ndarray:
+        """Distinct non-null values per group."""
+        return np.bincount(self._distinct(values)[0], minlength=self.n)
+
+    def joined(self, values, sep: str) -> np.ndarray:
+        """``sep.join(sorted(set(non-null values)))`` per group ("" for none)."""
+        g, v = self._distinct(values)
+        out = np.full(self.n, "", dtype=object)
+        counts = np.bincount(g, minlength=self.n)
+        starts = np.cumsum(counts) - counts
+        single = counts == 1  # most groups: their one value, no join
+        out[single] = v[starts[single]]
+        for k in np.flatnonzero(counts > 1):
+            out[k] = sep.join(v[starts[k] : starts[k] + counts[k]])
+        return out
+
+    def status_of(self, values, mask_measured, mask_ok) -> np.ndarray:
+        """One status for each group's set of statuses.
+
+        "measured" if all are measured (``mask_measured``), else "short-window" if all are
+        accepted (``mask_ok``: measured or short-window), else the one value if there is one,
+        else "partial".
+        """
+        nuniq = self.nunique(values)
+        return np.where(
+            self.all(mask_measured), "measured",
+            np.where(self.all(mask_ok), "short-window",
+                     np.where(nuniq == 1, self.first(values), "partial")),
+        ).astype(object)
 
 
-def _status_of(statuses: set, measured=MEASURED) -> str:
-    if statuses <= {"measured"}:
-        return "measured"
-    if statuses <= measured:
-        return "short-window"
-    if len(statuses) == 1:
-        return next(iter(statuses))
-    return "partial"
+def _col(frame: pd.DataFrame, name: str) -> np.ndarray:
+    """A column as a numpy array: floats with NaN for nulls, other types as objects."""
+    s = frame[name]
+    if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
+        return s.to_numpy(dtype=float, na_value=np.nan)
+    return s.to_numpy(dtype=object)
 
 
-def _host(group: pd.DataFrame, ok: bool) -> dict:
-    """Host energy of a window: each distinct host once, from the rank that read it."""
-    per_host = []
-    for _, h in group.groupby("host", sort=True):
-        read = h[h["host_energy_status"] != "not-read"]
-        per_host.append(read.iloc[0] if len(read) else h.iloc[0])
-    per_host = pd.DataFrame(per_host)
-    statuses = set(per_host["host_energy_status"])
-    measured = ok and statuses <= {"measured"}
-    idle_ok = measured and set(per_host["idle_host_power_status"]) <= {"measured"}
+def _is(frame: pd.DataFrame, name: str, values) -> np.ndarray:
+    return frame[name].isin(list(values)).to_numpy()
+
+
+def _null_if_empty(strings: np.ndarray) -> list:
+    return [s or None for s in strings]
+
+
+def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray) -> dict:
+    """Host energy per window: each distinct host once, from the rank that read it.
+
+    Per (window, host) the first row whose ``host_energy_status`` is not "not-read", else the
+    host's first row; hosts in sorted order, as a per-window ``groupby("host")`` sees them.
+    """
+    host = energy["host"]
+    keep = host.notna().to_numpy()
+    order = pd.DataFrame({
+        "g": gid, "host": host, "not_read": _is(energy, "host_energy_status", ["not-read"]),
+        "pos": np.arange(len(energy)),
+    })[keep].sort_values(["g", "host", "not_read", "pos"], kind="stable")
+    per_host = order.drop_duplicates(["g", "host"])["pos"].to_numpy()
+    h = _Groups(gid, n, per_host)
+    measured = ok & h.all(_is(energy, "host_energy_status", ["measured"]))
+    idle_ok = measured & h.all(_is(energy, "idle_host_power_status", ["measured"]))
+    host_measured = _is(energy, "host_energy_status", ["measured"])
+    idle_measured = _is(energy, "idle_host_power_status", ["measured"])
     return {
-        "host_energy_j": _all_or_nan(per_host["host_energy_mj"]) / 1e3 if measured else np.nan,
-        "host_dram_energy_j": (
-            _all_or_nan(per_host["host_dram_energy_mj"]) / 1e3 if measured else np.nan
+        "host_energy_j": np.where(measured, h.sum_all_or_nan(_col(energy, "host_energy_mj")) / 1e3,
+                                  np.nan),
+        "host_dram_energy_j": np.where(
+            measured, h.sum_all_or_nan(_col(energy, "host_dram_energy_mj")) / 1e3, np.nan
         ),
-        "host_energy_status": "measured" if measured else _status_of(statuses, {"measured"}),
-        "host_energy_detail": "; ".join(sorted(set(per_host["host_energy_detail"].dropna())))
-        or None,
-        "idle_host_power_w": _all_or_nan(per_host["idle_host_power_w"]) if idle_ok else np.nan,
-        "idle_host_status": (
-            "measured" if idle_ok
-            else _status_of(set(per_host["idle_host_power_status"]), {"measured"})
+        "host_energy_status": np.where(
+            measured, "measured",
+            h.status_of(energy["host_energy_status"], host_measured, host_measured),
+        ).tolist(),
+        "host_energy_detail": _null_if_empty(h.joined(energy["host_energy_detail"], "; ")),
+        "idle_host_power_w": np.where(
+            idle_ok, h.sum_all_or_nan(_col(energy, "idle_host_power_w")), np.nan
         ),
+        "idle_host_status": np.where(
+            idle_ok, "measured",
+            h.status_of(energy["idle_host_power_status"], idle_measured, idle_measured),
+        ).tolist(),
     }
 
 
-def _window(group: pd.DataFrame) -> pd.Series:
-    first = group.iloc[0]
-    ok = first["status"] == "ok"
-    gpus = group.dropna(subset=["gpu_uuid"]).drop_duplicates("gpu_uuid")
-    statuses = set(group["gpu_energy_status"])
-    if ok and len(gpus) and statuses <= MEASURED and gpus["gpu_energy_mj"].notna().all():
-        energy_j = gpus["gpu_energy_mj"].sum() / 1e3
-        estatus = "short-window" if "short-window" in statuses else "measured"
-    else:
-        energy_j = np.nan
-        estatus = "unavailable" if statuses <= {"unavailable"} else "partial"
-    zeus_statuses = set(gpus["gpu_energy_zeus_status"]) if len(gpus) else {"not-requested"}
-    zeus_j = (
-        _all_or_nan(gpus["gpu_energy_mj_zeus"]) / 1e3
-        if ok and len(gpus) and zeus_statuses <= MEASURED else np.nan
-    )
-    idle_statuses = set(gpus["idle_gpu_power_status"]) if len(gpus) else set(
-        group["idle_gpu_power_status"]
-    )
-    idle_w = _all_or_nan(gpus["idle_gpu_power_w"]) if idle_statuses <= MEASURED else np.nan
-    details = sorted({d for d in group["gpu_energy_detail"].dropna()})
-    dur = (first["window_end_ns"] - first["window_start_ns"]) / 1e9 if ok else np.nan
-    out_tok = first["output_tokens"] if ok else np.nan
-    return pd.Series(
-        {
-            "status": first["status"],
-            "error": first["error"],
-            "duration_s": dur,
-            "iterations": first["iterations"],
-            "requests": first["requests"],
-            "input_tokens": first["input_tokens"],
-            "output_tokens": out_tok,
-            "n_ranks": group["rank"].nunique(),
-            "n_processes": group[["host", "pid"]].drop_duplicates().shape[0],
-            "n_gpus": len(gpus),
-            "n_hosts": group["host"].nunique(),
-            "energy_source": ",".join(sorted(set(group["energy_source"]))),
-            "gpu_energy_j": energy_j,
-            "gpu_energy_status": estatus,
-            "gpu_energy_method": ",".join(sorted(set(group["gpu_energy_method"]))),
-            "gpu_energy_detail": "; ".join(details) or None,
-            "gpu_energy_zeus_j": zeus_j,
-            "zeus_status": _status_of(zeus_statuses),
-            "idle_gpu_power_w": idle_w,
-            "idle_status": _status_of(idle_statuses) if len(idle_statuses) else "unavailable",
-            **_host(group, ok),
-            "cpu_time_s": group.drop_duplicates(["host", "pid"])["cpu_time_s"].sum(min_count=1),
-            "model_parameters": first["model_parameters"],
-            "flops_estimate": first["flops_estimate"],
-            "loss": first["loss"] if ok else np.nan,
-            "flops_status": first["model_parameters_method"],
-            "config_hash": first["config_hash"],
-            "code_version": first["code_version"],
-            "device": ",".join(sorted(set(group["device"]))),
-        }
-    )
-
-
 def windows(energy: pd.DataFrame) -> pd.DataFrame:
-    """One row per measured window, with derived per-token and per-second figures."""
+    """One row per measured window, with derived per-token and per-second figures.
+
+    Vectorized: a few whole-frame passes, not a Python function per window (which cost 20-30 ms
+    per window: bench/merge_scaling.py). Each value is what a per-window loop over the window's
+    rows gives (tests/unit/test_aggregate_reference.py compares the two).
+    """
     if energy.empty:
         return pd.DataFrame(columns=[*WINDOW_KEYS, "status"])
-    w = energy.groupby(WINDOW_KEYS, sort=True, dropna=False).apply(_window, include_groups=False)
-    w = w.reset_index()
+    gid = energy.groupby(WINDOW_KEYS, sort=True, dropna=False).ngroup().to_numpy()
+    n = int(gid.max()) + 1
+    _, first_pos = np.unique(gid, return_index=True)  # each window's first row
+    first = energy.iloc[first_pos].reset_index(drop=True)
+    ok = (first["status"] == "ok").to_numpy()
+    rows = _Groups(gid, n)
+
+    # GPUs: each distinct UUID of the window once (its first row).
+    uuid = energy["gpu_uuid"]
+    dup = pd.DataFrame({"g": gid, "u": uuid}).duplicated().to_numpy()
+    gpus = _Groups(gid, n, np.flatnonzero(uuid.notna().to_numpy() & ~dup))
+    n_gpus = gpus.count
+    has_gpus = n_gpus > 0
+    estatus_measured = rows.all(_is(energy, "gpu_energy_status", MEASURED))
+    gpu_mj = _col(energy, "gpu_energy_mj")
+    gpu_complete = gpus.all(~np.isnan(gpu_mj))
+    energy_ok = ok & has_gpus & estatus_measured & gpu_complete
+    short = rows.any(_is(energy, "gpu_energy_status", ["short-window"]))
+    unavailable = rows.all(_is(energy, "gpu_energy_status", ["unavailable"]))
+    estatus = np.where(
+        energy_ok, np.where(short, "short-window", "measured"),
+        np.where(unavailable, "unavailable", "partial"),
+    )
+
+    zeus_st = energy["gpu_energy_zeus_status"]
+    zeus_measured = _is(energy, "gpu_energy_zeus_status", ["measured"])
+    zeus_ok = _is(energy, "gpu_energy_zeus_status", MEASURED)
+    zeus_j = np.where(
+        ok & has_gpus & gpus.all(zeus_ok),
+        gpus.sum_all_or_nan(_col(energy, "gpu_energy_mj_zeus")) / 1e3, np.nan,
+    )
+    zeus_status = np.where(
+        has_gpus, gpus.status_of(zeus_st, zeus_measured, zeus_ok), "not-requested"
+    )
+
+    # Idle statuses come from the window's GPUs, or from all its rows when it has none.
+    idle_st = energy["idle_gpu_power_status"]
+    idle_measured = _is(energy, "idle_gpu_power_status", ["measured"])
+    idle_in = _is(energy, "idle_gpu_power_status", MEASURED)
+    idle_w = np.where(
+        has_gpus & gpus.all(idle_in), gpus.sum_all_or_nan(_col(energy, "idle_gpu_power_w")),
+        np.nan,
+    )
+    idle_status = np.where(
+        has_gpus, gpus.status_of(idle_st, idle_measured, idle_in),
+        rows.status_of(idle_st, idle_measured, idle_in),
+    )
+
+    hosts_pids = pd.DataFrame({"g": gid, "host": energy["host"], "pid": energy["pid"]})
+    processes = _Groups(gid, n, np.flatnonzero(~hosts_pids.duplicated().to_numpy()))
+
+    dur = (first["window_end_ns"] - first["window_start_ns"]) / 1e9
+    out = first[WINDOW_KEYS].copy()
+    columns = {
+        "status": first["status"],
+        "error": first["error"],
+        "duration_s": dur.where(ok, np.nan),
+        "iterations": first["iterations"],
+        "requests": first["requests"],
+        "input_tokens": first["input_tokens"],
+        "output_tokens": first["output_tokens"].where(ok, np.nan),
+        "n_ranks": rows.nunique(energy["rank"]),
+        "n_processes": processes.count,
+        "n_gpus": n_gpus,
+        "n_hosts": rows.nunique(energy["host"]),
+        "energy_source": rows.joined(energy["energy_source"], ",").tolist(),
+        "gpu_energy_j": np.where(energy_ok, gpus.sum(gpu_mj) / 1e3, np.nan),
+        "gpu_energy_status": estatus.tolist(),
+        "gpu_energy_method": rows.joined(energy["gpu_energy_method"], ",").tolist(),
+        "gpu_energy_detail": _null_if_empty(rows.joined(energy["gpu_energy_detail"], "; ")),
+        "gpu_energy_zeus_j": zeus_j,
+        "zeus_status": zeus_status.tolist(),
+        "idle_gpu_power_w": idle_w,
+        "idle_status": idle_status.tolist(),
+        **_host_columns(energy, gid, n, ok),
+        "cpu_time_s": processes.sum_min_count_1(_col(energy, "cpu_time_s")),
+        "model_parameters": first["model_parameters"],
+        "flops_estimate": first["flops_estimate"],
+        "loss": first["loss"].where(ok, np.nan),
+        "flops_status": first["model_parameters_method"],
+        "config_hash": first["config_hash"],
+        "code_version": first["code_version"],
+        "device": rows.joined(energy["device"], ",").tolist(),
+    }
+    w = pd.concat([out, pd.DataFrame(columns, index=out.index)], axis=1)
     w["energy_per_output_token_j"] = w["gpu_energy_j"] / w["output_tokens"]
     w["energy_per_request_j"] = w["gpu_energy_j"] / w["requests"]
     w["energy_per_iteration_j"] = w["gpu_energy_j"] / w["iterations"]
@@ -361,126 +522,221 @@ def prefill_decode(win: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _median(s: pd.Series) -> float:
-    return s.median() if s.notna().any() else np.nan
+def _bootstrap_ci_groups(
+    g: np.ndarray, values: np.ndarray, n: int, resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bootstrap_ci` of each of ``n`` groups' values at once, with the same numbers.
+
+    ``g`` (group ids) and ``values`` are aligned; each group's values are taken in their order.
+    ``bootstrap_ci`` draws its resample indices from a fresh generator with a fixed seed, so they
+    depend only on the number of values L and every group with L values shares them: ``drawn``
+    counts how often each position is drawn in each resample. A resample's median is then an
+    order statistic of the group's sorted values, found by counting the draws at or below each
+    sorted value, and the percentiles come from one call along the resample axis.
+    """
+    lo, hi = np.full(n, np.nan), np.full(n, np.nan)
+    keep = np.flatnonzero(~np.isnan(values))
+    keep = keep[np.argsort(g[keep], kind="stable")]
+    g, values = g[keep], values[keep]
+    count = np.bincount(g, minlength=n)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    tail = (1 - level) / 2 * 100
+    for length in np.unique(count[count >= 2]):
+        groups = np.flatnonzero(count == length)
+        draws = np.random.default_rng(seed).choice(length, size=(resamples, length), replace=True)
+        # drawn[j, r]: how often resample r draws position j.
+        flat = (draws + length * np.arange(resamples)[:, None]).ravel()
+        drawn = np.bincount(flat, minlength=resamples * length).reshape(resamples, length).T
+        drawn = drawn.astype(np.int16 if length < 2**15 else np.int64)
+        middle = [length // 2] if length % 2 else [length // 2 - 1, length // 2]
+        per_chunk = max(1, 4_000_000 // resamples)  # bounds the (groups, resamples) arrays
+        for chunk in np.array_split(groups, -(-len(groups) // per_chunk)):
+            x = values[start[chunk, None] + np.arange(length)]
+            order = np.argsort(x, axis=1, kind="stable")
+            ordered = np.take_along_axis(x, order, axis=1)
+            # below: draws of each resample among the group's j+1 smallest values; the k-th
+            # smallest value drawn (0-based) is the sorted value at the count of j with below <= k.
+            below = np.zeros((len(chunk), resamples), dtype=drawn.dtype)
+            at = [np.zeros((len(chunk), resamples), dtype=drawn.dtype) for _ in middle]
+            for j in range(length):
+                below += drawn[order[:, j]]
+                for pos, k in zip(at, middle, strict=True):
+                    pos += below <= k
+            picked = [np.take_along_axis(ordered, pos.astype(np.intp), axis=1) for pos in at]
+            # np.median averages the two middle values, (a + b) / 2, of an even-sized sample.
+            medians = picked[0] if length % 2 else (picked[0] + picked[1]) / 2
+            lo[chunk], hi[chunk] = np.percentile(medians, [tail, 100 - tail], axis=1)
+    return lo, hi
 
 
-def _join(values) -> str | None:
-    return "; ".join(sorted({v for v in values if isinstance(v, str) and v})) or None
-
-
-def _point_status(g: pd.DataFrame) -> str:
-    ok = g[g["status"] == "ok"]
-    if len(ok) == len(g):
-        return "ok"
-    return "partial" if len(ok) else ",".join(sorted(set(g["status"])))
+def _medians(frame: pd.DataFrame, gid: np.ndarray, n: int, columns: list[str]) -> pd.DataFrame:
+    """Per group the median of each column (NaNs skipped; NaN when none is present)."""
+    return frame[columns].astype(float).groupby(gid).median().reindex(range(n))
 
 
 def summarize(win: pd.DataFrame) -> pd.DataFrame:
-    """One row per grid point: medians and bootstrap CIs over repetitions; statuses say why."""
+    """One row per grid point: medians and bootstrap CIs over repetitions; statuses say why.
+
+    Vectorized over points (whole-frame passes); tests/unit/test_aggregate_reference.py checks
+    it against the per-point loop it replaced.
+    """
     split = prefill_decode(win) if len(win) else pd.DataFrame()
-    rows = []
     head = win[win["phase"].isin(HEADLINE_PHASES)]
-    for key, g in head.groupby(POINT_KEYS, sort=True):
-        ok = g[g["status"] == "ok"]
-        n_ok = len(ok)
-        energy_statuses = sorted(set(ok["gpu_energy_status"])) if n_ok else ["unavailable"]
-        row = {
-            **dict(zip(POINT_KEYS, key, strict=True)),
-            "status": _point_status(g),
-            "error": _join(g["error"]),
-            "repetitions": len(g),
-            "repetitions_ok": n_ok,
-            "energy_source": ",".join(sorted(set(g["energy_source"]))),
-            "energy_per_output_token_j": _median(ok["energy_per_output_token_j"]),
-            "energy_per_request_j": _median(ok["energy_per_request_j"]),
-            "energy_per_iteration_j": _median(ok["energy_per_iteration_j"]),
-            "output_tokens_per_s": _median(ok["output_tokens_per_s"]),
-            "mean_gpu_power_w": _median(ok["mean_gpu_power_w"]),
-        }
-        training = row["scenario"] == "training"
-        row.update(
-            {
-                "output_token_status": NO_OUTPUT_TOKENS if training else "ok",
-                "training_status": "ok" if training else NOT_TRAINING,
-                "energy_per_train_token_j": _median(ok["energy_per_train_token_j"]),
-                "train_tokens_per_s": _median(ok["train_tokens_per_s"]),
-                "samples_per_s": _median(ok["samples_per_s"]),
-                "loss": _median(ok["loss"]),
-            }
-        )
-        for metric in ("energy_per_output_token_j", "output_tokens_per_s", "mean_gpu_power_w",
-                       "energy_per_train_token_j"):
-            row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = bootstrap_ci(ok[metric])
-        row["ci_status"] = (
-            "ok" if n_ok >= 2 else f"too-few-repetitions ({n_ok} ok; a CI needs 2 or more)"
-        )
-        row.update(
-            {
-                "gpu_energy_status": ",".join(energy_statuses),
-                "gpu_energy_detail": _join(ok["gpu_energy_detail"]),
-                "idle_gpu_power_w": _median(ok["idle_gpu_power_w"]),
-                "gpu_energy_idle_adjusted_j": _median(ok["gpu_energy_idle_adjusted_j"]),
-                "energy_per_output_token_idle_adjusted_j": _median(
-                    ok["energy_per_output_token_idle_adjusted_j"]
-                ),
-                "idle_status": ",".join(sorted(set(ok["idle_status"]))) or "unavailable",
-            }
-        )
-        pd_rows = (
-            split.merge(ok[["job_id", *POINT_KEYS, "repetition"]], how="inner")
-            if len(split) else pd.DataFrame()
-        )
-        if len(pd_rows):
-            good = pd_rows[pd_rows["prefill_decode_status"] == "ok"]
-            for c in ("prefill_energy_per_request_j", "decode_energy_per_output_token_j",
-                      "prefill_energy_fraction"):
-                row[c] = _median(good[c])
-            timed = pd_rows[pd_rows["prefill_s_per_iteration"].notna()]
-            row["prefill_s_per_iteration"] = _median(timed["prefill_s_per_iteration"])
-            row["decode_output_tokens_per_s"] = _median(timed["decode_output_tokens_per_s"])
-            row["prefill_decode_status"] = ",".join(sorted(set(pd_rows["prefill_decode_status"])))
-        else:
-            for c in ("prefill_energy_per_request_j", "decode_energy_per_output_token_j",
-                      "prefill_energy_fraction", "prefill_s_per_iteration",
-                      "decode_output_tokens_per_s"):
-                row[c] = np.nan
-            row["prefill_decode_status"] = (
-                "not-applicable (training)" if training
-                else "no-prefill-window (measurement.prefill_pass: false)" if n_ok
-                else "point-failed"
+    if head.empty:
+        return pd.DataFrame()
+    ngroup = head.groupby(POINT_KEYS, sort=True).ngroup()
+    head = head[ngroup.notna().to_numpy()].reset_index(drop=True)  # a null key has no point
+    gid = ngroup.dropna().to_numpy(dtype=np.int64)
+    n = int(gid.max()) + 1
+    _, first_pos = np.unique(gid, return_index=True)
+    first = head.iloc[first_pos].reset_index(drop=True)
+    is_ok = (head["status"] == "ok").to_numpy()
+    rows = _Groups(gid, n)
+    good = _Groups(gid, n, np.flatnonzero(is_ok))
+    ok = head[is_ok]
+    ok_gid = gid[is_ok]
+    n_rows, n_ok = rows.count, good.count
+    training = (first["scenario"] == "training").to_numpy()
+
+    med = _medians(
+        ok.assign(
+            host_energy_per_output_token_idle_adjusted_j=(
+                ok["host_energy_idle_adjusted_j"] / ok["output_tokens"]
             )
-        host_statuses = sorted(set(ok["host_energy_status"])) if n_ok else ["unavailable"]
-        row.update(
-            {
-                "host_energy_per_output_token_j": _median(ok["host_energy_per_output_token_j"]),
-                "mean_host_power_w": _median(ok["mean_host_power_w"]),
-                "host_energy_per_output_token_idle_adjusted_j": _median(
-                    ok["host_energy_idle_adjusted_j"] / ok["output_tokens"]
-                ),
-                "host_energy_status": ",".join(host_statuses),
-                "host_energy_detail": _join(ok["host_energy_detail"]),
-                "idle_host_status": ",".join(sorted(set(ok["idle_host_status"])))
-                or "unavailable",
-                "zeus_nvml_energy_ratio": _median(ok["zeus_nvml_energy_ratio"]),
-                "zeus_status": ",".join(sorted(set(ok["zeus_status"]))) or "not-requested",
-                "flops_estimate_per_s": _median(ok["flops_estimate_per_s"]),
-                "flops_estimate_per_j": _median(ok["flops_estimate_per_j"]),
-                "flops_status": ",".join(sorted(set(g["flops_status"]))),
-                "window_s": _median(ok["duration_s"]),
-                "iterations_per_window": _median(ok["iterations"]),
-                "output_tokens_per_window": _median(ok["output_tokens"]),
-                "n_processes": int(g["n_processes"].max()),
-                "n_gpus": int(g["n_gpus"].max()),
-                "n_hosts": int(g["n_hosts"].max()),
-                "cpu_time_s": _median(ok["cpu_time_s"]),
-                "device": ",".join(sorted(set(g["device"]))),
-                "config_hash": ",".join(sorted(set(g["config_hash"]))),
-                "code_version": ",".join(sorted(set(g["code_version"]))),
-            }
-        )
-        rows.append(row)
-    return pd.DataFrame(rows)
+        ),
+        ok_gid, n,
+        [
+            "energy_per_output_token_j", "energy_per_request_j", "energy_per_iteration_j",
+            "output_tokens_per_s", "mean_gpu_power_w", "energy_per_train_token_j",
+            "train_tokens_per_s", "samples_per_s", "loss", "idle_gpu_power_w",
+            "gpu_energy_idle_adjusted_j", "energy_per_output_token_idle_adjusted_j",
+            "host_energy_per_output_token_j", "mean_host_power_w",
+            "host_energy_per_output_token_idle_adjusted_j", "zeus_nvml_energy_ratio",
+            "flops_estimate_per_s", "flops_estimate_per_j", "duration_s", "iterations",
+            "output_tokens", "cpu_time_s",
+        ],
+    )
+
+    def joined_ok(column: str, default: str) -> list:
+        """The ok repetitions' distinct values, or ``default`` where there are none."""
+        j = good.joined(head[column], ",")
+        return np.where(j != "", j, default).tolist()
+
+    def join_text(frame_rows: _Groups, column: str) -> list:
+        v = _col(head, column)
+        texts = np.array([isinstance(x, str) and x != "" for x in v])
+        sub = _Groups(gid, n, frame_rows.rows[texts[frame_rows.rows]])
+        return _null_if_empty(sub.joined(v, "; "))
+
+    status_set = rows.joined(head["status"], ",")
+    columns: dict = {
+        **{k: first[k] for k in POINT_KEYS},
+        "status": np.where(
+            n_ok == n_rows, "ok", np.where(n_ok > 0, "partial", status_set)
+        ).tolist(),
+        "error": join_text(rows, "error"),
+        "repetitions": n_rows,
+        "repetitions_ok": n_ok,
+        "energy_source": rows.joined(head["energy_source"], ",").tolist(),
+        **{c: med[c].to_numpy() for c in (
+            "energy_per_output_token_j", "energy_per_request_j", "energy_per_iteration_j",
+            "output_tokens_per_s", "mean_gpu_power_w",
+        )},
+        "output_token_status": np.where(training, NO_OUTPUT_TOKENS, "ok").tolist(),
+        "training_status": np.where(training, "ok", NOT_TRAINING).tolist(),
+        **{c: med[c].to_numpy() for c in (
+            "energy_per_train_token_j", "train_tokens_per_s", "samples_per_s", "loss",
+        )},
+    }
+    for metric in ("energy_per_output_token_j", "output_tokens_per_s", "mean_gpu_power_w",
+                   "energy_per_train_token_j"):
+        lo, hi = _bootstrap_ci_groups(ok_gid, _col(ok, metric), n)
+        columns[f"{metric}_ci_low"], columns[f"{metric}_ci_high"] = lo, hi
+    columns["ci_status"] = [
+        "ok" if k >= 2 else f"too-few-repetitions ({k} ok; a CI needs 2 or more)" for k in n_ok
+    ]
+    columns.update(
+        {
+            "gpu_energy_status": joined_ok("gpu_energy_status", "unavailable"),
+            "gpu_energy_detail": join_text(good, "gpu_energy_detail"),
+            "idle_gpu_power_w": med["idle_gpu_power_w"].to_numpy(),
+            "gpu_energy_idle_adjusted_j": med["gpu_energy_idle_adjusted_j"].to_numpy(),
+            "energy_per_output_token_idle_adjusted_j": med[
+                "energy_per_output_token_idle_adjusted_j"
+            ].to_numpy(),
+            "idle_status": joined_ok("idle_status", "unavailable"),
+        }
+    )
+    columns.update(_prefill_decode_columns(split, ok, ok_gid, n, n_ok, training))
+    columns.update(
+        {
+            "host_energy_per_output_token_j": med["host_energy_per_output_token_j"].to_numpy(),
+            "mean_host_power_w": med["mean_host_power_w"].to_numpy(),
+            "host_energy_per_output_token_idle_adjusted_j": med[
+                "host_energy_per_output_token_idle_adjusted_j"
+            ].to_numpy(),
+            "host_energy_status": joined_ok("host_energy_status", "unavailable"),
+            "host_energy_detail": join_text(good, "host_energy_detail"),
+            "idle_host_status": joined_ok("idle_host_status", "unavailable"),
+            "zeus_nvml_energy_ratio": med["zeus_nvml_energy_ratio"].to_numpy(),
+            "zeus_status": joined_ok("zeus_status", "not-requested"),
+            "flops_estimate_per_s": med["flops_estimate_per_s"].to_numpy(),
+            "flops_estimate_per_j": med["flops_estimate_per_j"].to_numpy(),
+            "flops_status": rows.joined(head["flops_status"], ",").tolist(),
+            "window_s": med["duration_s"].to_numpy(),
+            "iterations_per_window": med["iterations"].to_numpy(),
+            "output_tokens_per_window": med["output_tokens"].to_numpy(),
+            **{
+                c: head[c].groupby(gid).max().to_numpy().astype(np.int64)
+                for c in ("n_processes", "n_gpus", "n_hosts")
+            },
+            "cpu_time_s": med["cpu_time_s"].to_numpy(),
+            "device": rows.joined(head["device"], ",").tolist(),
+            "config_hash": rows.joined(head["config_hash"], ",").tolist(),
+            "code_version": rows.joined(head["code_version"], ",").tolist(),
+        }
+    )
+    summary = pd.DataFrame(columns)
+    for k in POINT_KEYS:  # as a frame built from rows of Python values has them
+        if pd.api.types.is_integer_dtype(summary[k].dtype):
+            summary[k] = summary[k].astype(np.int64)
+    return summary
+
+
+def _prefill_decode_columns(
+    split: pd.DataFrame, ok: pd.DataFrame, ok_gid: np.ndarray, n: int, n_ok: np.ndarray,
+    training: np.ndarray,
+) -> dict:
+    """Per point the prefill/decode split over its ok repetitions (see :func:`prefill_decode`)."""
+    keys = ["job_id", *POINT_KEYS, "repetition"]
+    cols = ["prefill_energy_per_request_j", "decode_energy_per_output_token_j",
+            "prefill_energy_fraction", "prefill_s_per_iteration", "decode_output_tokens_per_s"]
+    if len(split):
+        rows = split.merge(ok[keys].assign(_point=ok_gid), on=keys, how="inner")
+    else:
+        rows = pd.DataFrame({"_point": np.array([], dtype=np.int64)})
+    g = rows["_point"].to_numpy(dtype=np.int64)
+    has = np.bincount(g, minlength=n) > 0
+    out: dict = {}
+    if len(rows):
+        good = (rows["prefill_decode_status"] == "ok").to_numpy()
+        timed = rows["prefill_s_per_iteration"].notna().to_numpy()
+        for c in cols[:3]:
+            out[c] = _medians(rows[good], g[good], n, [c])[c].to_numpy()
+        for c in cols[3:]:
+            out[c] = _medians(rows[timed], g[timed], n, [c])[c].to_numpy()
+        status = _Groups(g, n).joined(rows["prefill_decode_status"].to_numpy(dtype=object), ",")
+    else:
+        out = {c: np.full(n, np.nan) for c in cols}
+        status = np.full(n, "", dtype=object)
+    out["prefill_decode_status"] = np.where(
+        has, status,
+        np.where(training, "not-applicable (training)",
+                 np.where(n_ok > 0, "no-prefill-window (measurement.prefill_pass: false)",
+                          "point-failed")),
+    ).tolist()
+    return out
 
 
 def unexplained_nulls(summary: pd.DataFrame) -> list[str]:
@@ -523,7 +779,7 @@ def aggregate(
     """
     table = merge(paths)
     write_dataset(table, energy_out)
-    summary = summarize(windows(table.to_pandas()))
+    summary = summarize(windows(table.select(WINDOW_COLUMNS).to_pandas()))
     tmp = Path(summary_out).with_suffix(".csv.tmp")
     summary.to_csv(tmp, index=False)
     tmp.replace(summary_out)

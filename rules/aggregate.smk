@@ -40,8 +40,9 @@ rule grid_tables:
 # Inputs are one job.json per job, not every shard: at 10^4 jobs x B x R shards, resolving each
 # shard as a DAG input was the largest avoidable cost of `snakemake -n` (bench/README.md). A
 # measure job writes job.json last and Snakemake only counts the job done once all its outputs
-# exist, so job.json stands for the job's shards; aggregate.job_shard_paths() derives their paths
-# and fails naming the job if one is missing (rerun it with --forcerun measure).
+# exist, so job.json stands for the job's outputs. The merge reads each job's table (its shards'
+# rows in one file: one read per job, not per window); aggregate.job_table_paths() finds them
+# and fails naming the job if one is missing (rerun it with --forcerun).
 rule merge_shards:
     input:
         jobs=get_all_job_records(),
@@ -55,7 +56,5 @@ rule merge_shards:
         "logs/merge_shards.log",
     conda:
         "../envs/base.yaml"
-    params:
-        shard_names=get_shard_names(),
     script:
         "../scripts/aggregate.py"

@@ -138,18 +138,17 @@ def get_job_spec(wildcards):
         "workload": config["workload"],
         "measurement": config["measurement"],
         # Only training jobs carry it, so its settings do not change inference jobs' config_hash.
-        **({"training": config["training"]} if wildcards.scenario == "training" else {}),
+        **(
+            {"training": config["training"]} if wildcards.scenario == "training" else {}
+        ),
         "batch_sizes": BATCH_SIZES,
         "model_entry": MODELS[wildcards.model],
         "gpus_per_node": config["parallel"]["gpus_per_node"],
         # Only engine jobs carry it, so its settings do not change PyTorch jobs' config_hash.
-        **({"engine": config["engine"]} if wildcards.backend in ENGINE_BACKENDS else {}),
+        **(
+            {"engine": config["engine"]} if wildcards.backend in ENGINE_BACKENDS else {}
+        ),
     }
-
-
-def get_shard_names():
-    """Shard files inside each job directory, as rule measure names them (bs~B/rep~R.parquet)."""
-    return [f"bs~{bs}/rep~{rep}.parquet" for bs in BATCH_SIZES for rep in REPS]
 
 
 def get_all_job_records():

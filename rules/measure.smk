@@ -12,6 +12,8 @@ rule measure:
             rep=REPS,
             allow_missing=True,
         ),
+        # The job's shards again, in one file: what merge_shards reads.
+        job_table=f"{JOB_DIR}/shards.parquet",
         job=f"{JOB_DIR}/job.json",
         generations=f"{JOB_DIR}/generations.parquet",
         power=f"{JOB_DIR}/power.parquet",

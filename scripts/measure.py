@@ -18,6 +18,7 @@ with open(sm.log[0], "w") as log:
         "shards": {
             str(bs): paths[i * n_rep : (i + 1) * n_rep] for i, bs in enumerate(spec["batch_sizes"])
         },
+        "job_table": sm.output.job_table,
         "job_json": sm.output.job,
         "generations": sm.output.generations,
         "power": sm.output.power,

@@ -129,22 +129,24 @@ WINDOW_COLUMNS = [
 PARTITION_KEYS = ["model", "backend"]
 
 
-def job_shard_paths(job_records: list[str | Path], shard_names: list[str]) -> list[Path]:
-    """Every job's shard paths: its job.json's directory joined with each shard name.
+def job_table_paths(job_records: list[str | Path]) -> list[Path]:
+    """Every job's table (``shards.JOB_TABLE``: all its shards' rows in one file), found next to
+    its job.json.
 
-    Raises FileNotFoundError naming the job when a shard is missing (its job.json stands for all
-    of the job's outputs in the merge rule, so Snakemake would not notice).
+    Reading one file per job instead of one per window is what keeps the merge of a large sweep
+    fast (bench/merge_scaling.py). Raises FileNotFoundError naming the job when the table is
+    missing (its job.json stands for all of the job's outputs in the merge rule, so Snakemake
+    would not notice).
     """
     paths = []
     for record in job_records:
-        job_dir = Path(record).parent
-        missing = [n for n in shard_names if not (job_dir / n).is_file()]
-        if missing:
+        table = Path(record).parent / shards.JOB_TABLE
+        if not table.is_file():
             raise FileNotFoundError(
-                f"{job_dir}: shards {missing} are missing although job.json exists; rerun the "
-                f"job (snakemake --forcerun {record})"
+                f"{table} is missing although {record} exists; rerun the job "
+                f"(snakemake --forcerun {record})"
             )
-        paths += [job_dir / n for n in shard_names]
+        paths.append(table)
     return paths
 
 
@@ -772,7 +774,8 @@ def aggregate(
     paths: list[str | Path], energy_out: str | Path, summary_out: str | Path,
     jobs: list[str | Path] | None = None, environment_out: str | Path | None = None,
 ) -> None:
-    """Merge shards into ``energy_out`` (a hive-partitioned Parquet dataset, see
+    """Merge shards or job tables (``paths``; same schema) into ``energy_out`` (a hive-partitioned
+    Parquet dataset, see
     :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
 
     With ``jobs`` (job.json paths) and ``environment_out``, also write the environment table.

@@ -634,11 +634,17 @@ def main(argv: list[str] | None = None) -> int:
         measurer = Measurer(spec, ctx, backend, prompts, monitor)
         monitor.start(backend.synchronize)
     outputs = spec["outputs"]
+    job_tables = []  # rank 0: every shard of the job, for the job table
     for bs in spec["batch_sizes"]:
         for rep, rows in enumerate(measurer.point(bs)):
             gathered = dist.gather(rows)
             if ctx.rank == 0:
-                shards.write_shard(_finalize_window(gathered), outputs["shards"][str(bs)][rep])
+                table = shards.to_table(_finalize_window(gathered))
+                shards.write_atomic(table, outputs["shards"][str(bs)][rep])
+                job_tables.append(table)
+    if ctx.rank == 0 and outputs.get("job_table"):
+        # The same rows in one file: what the merge reads (one file per job, not per window).
+        shards.write_atomic(shards.concat(job_tables), outputs["job_table"])
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(measurer.generations)
     window_ns = dist.gather(measurer.window_ns_total)

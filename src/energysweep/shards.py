@@ -109,6 +109,10 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("allocated_gpus", pa.string(), True, "GPUs the scheduler gave (CUDA_VISIBLE_DEVICES)"),
 ]
 
+# A measure job's directory holds one shard per (batch size, repetition), bs~B/rep~R.parquet, and
+# the same rows again in one file, the job table (what aggregation reads: one file per job).
+JOB_TABLE = "shards.parquet"
+
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null, _ in COLUMNS])
 
 
@@ -151,13 +155,22 @@ def write_atomic(table: pa.Table, path: str | Path) -> None:
         raise
 
 
+def concat(tables: list[pa.Table]) -> pa.Table:
+    """Shards (tables of this schema) as one table with one chunk; empty list: empty table."""
+    if not tables:
+        return SCHEMA.empty_table()
+    return pa.concat_tables(tables).combine_chunks()
+
+
 def write_shard(rows: list[dict], path: str | Path) -> None:
     write_atomic(to_table(rows), path)
 
 
 def read_shard(path: str | Path) -> pa.Table:
-    """Read one shard and check it has exactly the shard schema."""
-    table = pq.read_table(path)
+    """Read one shard (or job table) and check it has exactly the shard schema."""
+    # ParquetFile.read, not pq.read_table: no dataset discovery per file (2x faster on the many
+    # small files of a sweep, bench/merge_scaling.py).
+    table = pq.ParquetFile(path).read(use_threads=False)
     if not table.schema.equals(SCHEMA, check_metadata=False):
         raise ShardError(f"{path}: schema differs from energysweep.shards.SCHEMA v{SCHEMA_VERSION}")
     return table

@@ -1,5 +1,6 @@
 """The merged dataset (results/energy.parquet/) is hive-partitioned Parquet that pandas, pyarrow
-and DuckDB each read as the same table; aggregation reads every shard exactly once."""
+and DuckDB each read as the same table; aggregation reads every job's table (its shards in one file)
+exactly once and no per-window shard."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ JOBS = [("tiny-a", "pytorch", 1), ("tiny-a", "pytorch", 2), ("tiny-b", "vllm", 1
 
 
 def make_sweep(root: Path) -> list[Path]:
-    """Shards and job.json of three jobs (two models, two backends, dp 1 and 2)."""
+    """Shards, job table and job.json of three jobs (two models, two backends, dp 1 and 2),
+    laid out as measure jobs write them."""
     records = []
     for j, (model, backend, dp) in enumerate(JOBS):
         job_dir = (
@@ -39,6 +41,7 @@ def make_sweep(root: Path) -> list[Path]:
             / "pp~1"
             / f"dp~{dp}"
         )
+        tables = []
         for name in SHARD_NAMES:
             bs = int(name.split("/")[0].split("~")[1])
             rep = int(name.split("/")[1].split("~")[1].split(".")[0])
@@ -60,7 +63,9 @@ def make_sweep(root: Path) -> list[Path]:
                 )
                 for r in range(dp)
             ]
-            shards.write_shard(rows, job_dir / name)
+            tables.append(shards.to_table(rows))
+            shards.write_atomic(tables[-1], job_dir / name)
+        shards.write_atomic(shards.concat(tables), job_dir / shards.JOB_TABLE)
         (job_dir / "job.json").write_text(json.dumps({"job_id": f"j{j}"}))
         records.append(job_dir / "job.json")
     return records
@@ -77,7 +82,7 @@ def merged(tmp_path, monkeypatch):
         return real_read(path)
 
     monkeypatch.setattr(shards, "read_shard", counting_read)
-    paths = agg.job_shard_paths(records, SHARD_NAMES)
+    paths = agg.job_table_paths(records)
     out = tmp_path / "results" / "energy.parquet"
     agg.aggregate(paths, out, tmp_path / "results" / "summary.csv")
     return out, paths, reads
@@ -90,8 +95,9 @@ def _canonical(df: pd.DataFrame) -> pd.DataFrame:
     return df.where(df.notna(), None)
 
 
-def test_every_shard_read_exactly_once(merged):
+def test_every_job_table_read_exactly_once_and_no_shard(merged):
     _, paths, reads = merged
+    assert len(paths) == len(JOBS)
     assert sorted(reads) == sorted(str(p) for p in paths)
     assert set(reads.values()) == {1}
 
@@ -131,14 +137,14 @@ def test_pandas_pyarrow_duckdb_read_the_same_table(merged):
 
 def test_rewrite_replaces_the_dataset_whole(merged, tmp_path):
     out, paths, _ = merged
-    agg.write_dataset(agg.merge(paths[:4]), out)  # the first job only
+    agg.write_dataset(agg.merge(paths[:1]), out)  # the first job only
     assert len(pd.read_parquet(out)) == 4
     assert sorted(p.parent.name for p in out.rglob("*.parquet")) == ["backend=pytorch"]
     assert not [p for p in out.parent.iterdir() if p.name.startswith((".tmp-", ".old-"))]
 
 
-def test_missing_shard_names_its_job(tmp_path):
+def test_missing_job_table_names_its_job(tmp_path):
     records = make_sweep(tmp_path)
-    (records[1].parent / SHARD_NAMES[2]).unlink()
-    with pytest.raises(FileNotFoundError, match=r"dp~2.*bs~4/rep~0\.parquet.*--forcerun"):
-        agg.job_shard_paths(records, SHARD_NAMES)
+    (records[1].parent / shards.JOB_TABLE).unlink()
+    with pytest.raises(FileNotFoundError, match=r"dp~2/shards\.parquet is missing.*--forcerun"):
+        agg.job_table_paths(records)

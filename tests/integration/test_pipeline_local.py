@@ -102,6 +102,26 @@ def test_rows_are_honest(local_run):
 
 
 @pytest.mark.timeout(900)
+def test_job_table_holds_exactly_the_jobs_shards(local_run):
+    """Each job's shards.parquet (what the merge reads) is its per-window shards, row for row."""
+    wf, _ = local_run
+    jobs = list((wf / "results" / "shards").glob("**/job.json"))
+    assert len(jobs) == 8  # 4 layouts x 2 scenarios
+    merged = 0
+    for job in jobs:
+        table = pd.read_parquet(job.with_name("shards.parquet"))
+        parts = pd.concat(
+            [pd.read_parquet(p) for p in sorted(job.parent.glob("bs~*/rep~*.parquet"))]
+        )
+        key = ["batch_size", "repetition", "phase", "rank", "gpu_uuid"]
+        a = table.sort_values(key).reset_index(drop=True)
+        b = parts.sort_values(key).reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b)
+        merged += len(table)
+    assert merged == len(pd.read_parquet(wf / "results" / "energy.parquet"))
+
+
+@pytest.mark.timeout(900)
 def test_dp2_ran_two_processes_with_identical_tokens(local_run):
     wf, _ = local_run
     e = pd.read_parquet(wf / "results" / "energy.parquet")

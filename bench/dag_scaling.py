@@ -67,6 +67,7 @@ def grid_config(n_jobs: int, base: dict) -> dict:
     return {
         **base,
         "models": models,
+        "scenarios": ["inference"],  # N measure jobs = N layouts
         "parallel": {"tp": TP, "pp": PP, "dp": DP, "max_gpus_per_job": 4096, "gpus_per_node": 8},
     }
 

@@ -47,9 +47,11 @@ def main() -> None:
             rows.append((job_dir.split("shards/", 1)[1], timing, job_s))
     print(f"default sweep: {len(rows)} measure jobs, whole run {run.wall_s:.1f} s wall")
     for name, t, job_s in rows:
+        load = t["model_load_s"]
+        load = "per grid point" if load is None else f"{load:.2f} s"  # training: no job-level load
         print(
             f"{name}: windows {t['window_s']:.2f} s, rank 0 {t['rank0_wall_s']:.2f} s "
-            f"(model load {t['model_load_s']:.2f} s), job {job_s:.2f} s -> "
+            f"(model load {load}), job {job_s:.2f} s -> "
             f"window_fraction {t['window_fraction']:.2f} of rank 0, "
             f"{t['window_s'] / job_s:.2f} of the job"
         )

@@ -4,8 +4,9 @@ Flow on every rank: check the world against the layout, start the process group,
 processes, load the backend once. Then the :class:`JobMonitor` snapshots the environment, starts
 the power sampler and measures the idle baseline, and the :class:`Measurer`, for each batch size,
 warms up and measures ``repetitions`` x (cooldown, generate window, cooldown, prefill window);
-rank 0 writes one shard per repetition. A failure at one batch size (OOM, error) is recorded as
-that point's status and the job goes on; a crash of the job fails it.
+rank 0 writes one shard per repetition, and at the end all of them again as the job table (one
+file, what the merge reads). A failure at one batch size (OOM, error) is recorded as that
+point's status and the job goes on; a crash of the job fails it.
 
 Window rule (README, Methodology): a window starts and ends after a device sync and a barrier
 across ranks; it repeats the batch until it lasts at least ``measurement.min_window_s`` *and*
@@ -623,7 +624,8 @@ def main(argv: list[str] | None = None) -> int:
     training = spec["job"]["scenario"] == "training"
     # Training loads a trainable copy of the model per grid point (energysweep.training).
     backend = None if training else load_backend(spec["job"]["backend"], ctx)
-    load_s = time.time() - t_load
+    # Training loads its model per grid point (inside its windows' set-up): no job-level load.
+    load_s = None if training else time.time() - t_load
     monitor = JobMonitor(spec, ctx, backend=backend)
     if training:
         from energysweep.training import TrainingMeasurer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pandas as pd
@@ -90,6 +91,11 @@ def test_rows_are_honest(local_run):
     assert set(s["dp"]) == {1, 2} and set(s["batch_size"]) == {1, 4}
     for job in (wf / "results" / "shards").glob("**/job.json"):
         assert (job.parent / "power.parquet").is_file()
+        timing = json.loads(job.read_text())["timing"]
+        if "scenario~training" in str(job):
+            assert timing["model_load_s"] is None  # loaded per grid point: never a fake 0
+        else:
+            assert timing["model_load_s"] > 0
     inference, training = s[s["scenario"] == "inference"], s[s["scenario"] == "training"]
     assert inference["output_tokens_per_s"].gt(0).all()
     # The default config's training sweep: one row per layout and batch size, with energy per

@@ -30,17 +30,24 @@ def wf(tmp_path_factory):
     return workflow_copy(tmp_path_factory.mktemp("examples"))
 
 
-def dry_run(wf: Path, example: str) -> str:
+def snakemake(wf: Path, *args: str) -> tuple[int, str]:
+    """Run snakemake in ``wf``; return its exit code and stdout + stderr."""
     proc = subprocess.run(
-        ["snakemake", "-n", "--profile", PROFILE, "--configfile", f"config/examples/{example}"],
+        ["snakemake", *args],
         cwd=wf,
         env=test_env(),
         capture_output=True,
         text=True,
         timeout=600,
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def dry_run(wf: Path, example: str) -> str:
+    rc, out = snakemake(
+        wf, "-n", "--profile", PROFILE, "--configfile", f"config/examples/{example}"
+    )
+    assert rc == 0, out[-4000:]
     return out
 
 
@@ -132,26 +139,18 @@ def test_trtllm_example_runs_a_replica_over_two_nodes_and_skips_multi_node_dp(wf
 
 def test_a_missing_engine_fails_validation_outside_a_dry_run(wf):
     """The same grid, really run without conda: refused before any job, with the install hint."""
-    proc = subprocess.run(
-        [
-            "snakemake",
-            # The target first: --configfile takes every following word as a config file.
-            "results/grid/jobs.tsv",
-            "--profile",
-            "profiles/local",
-            "--configfile",
-            "config/examples/vllm-dgx2.yaml",
-        ],
-        cwd=wf,
-        env=test_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    rc, out = snakemake(
+        wf,
+        # The target first: --configfile takes every following word as a config file.
+        "results/grid/jobs.tsv",
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        "config/examples/vllm-dgx2.yaml",
     )
-    out = proc.stdout + proc.stderr
-    if "not installed here" not in out and proc.returncode == 0:
+    if "not installed here" not in out and rc == 0:
         pytest.skip("vllm is installed in this environment")
-    assert proc.returncode != 0
+    assert rc != 0
     assert "backend 'vllm' is not installed here" in out and "envs/vllm.yaml" in out
 
 

@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from energysweep import dist, shards
+from energysweep import dist, faults, shards
 from energysweep.energy import (
     STATUS_NOT_MEASURED,
     STATUS_NOT_READ,
@@ -453,6 +453,7 @@ class Measurer:
         windows: list[list[dict]] = []
         error = None
         try:
+            faults.inject(self.ctx.rank, bs, "inference")  # test-only; off unless env var set
             batches = self._batches(bs)
             for it in range(self.wl["warmup_iterations"]):
                 self._generate(batches[it % len(batches)][1], self.wl["output_tokens"])

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from energysweep import dist
+from energysweep import dist, faults
 from energysweep.grid import ParallelLayout
 from energysweep.run import PHASE_GENERATE, Measurer, _prompt_indices
 
@@ -632,6 +632,7 @@ class TrainingMeasurer(Measurer):
         error = None
         trainer = None
         try:
+            faults.inject(self.ctx.rank, bs, "training")  # test-only; off unless env var set
             trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
             for _ in range(self.cfg["warmup_steps"]):
                 trainer.step()

@@ -10,9 +10,9 @@ Keys:
     rank: global rank that fails; absent: every rank (a failure all ranks see, like an OOM).
     batch_size: the grid point (batch size) at which it fails; absent: every batch size.
     scenario: ``inference`` or ``training``; absent: both.
-    step: instead of a rank's point, fail the Snakemake script step of this rule name
-        (``measure``, ``merge_shards``, ...) when it starts (:func:`energysweep.steplog.step_log`);
-        only ``raise`` applies there.
+    step: instead of a rank's point, fail the Snakemake script step of this rule name (or of
+        any rule in a list of names: ``measure``, ``merge_shards``, ...) when it starts
+        (:func:`energysweep.steplog.step_log`); only ``raise`` applies there.
 
 The variable passes to every rank by inheritance (Snakemake -> measure step -> torchrun/srun ->
 ranks). The measurers call :func:`inject` once per rank and batch size, before the point's first
@@ -45,7 +45,7 @@ class Fault:
     rank: int | None = None
     batch_size: int | None = None
     scenario: str | None = None
-    step: str | None = None
+    step: tuple[str, ...] | None = None
 
     def applies(self, rank: int, batch_size: int, scenario: str) -> bool:
         """Whether this fault fires on ``rank`` at ``batch_size`` in ``scenario``."""
@@ -90,8 +90,15 @@ def parse(text: str | None) -> Fault | None:
     if scenario is not None and scenario not in SCENARIOS:
         raise FaultSpecError(f"{ENV_VAR}: 'scenario' must be one of {SCENARIOS}, got {scenario!r}")
     step = obj.get("step")
-    if step is not None and (not isinstance(step, str) or action != "raise"):
-        raise FaultSpecError(f"{ENV_VAR}: 'step' must be a rule name with action 'raise': {text!r}")
+    if isinstance(step, str):
+        step = [step]
+    if step is not None:
+        if action != "raise" or not all(isinstance(s, str) for s in step) or not step:
+            raise FaultSpecError(
+                f"{ENV_VAR}: 'step' must be a rule name or a list of them, with action 'raise': "
+                f"{text!r}"
+            )
+        step = tuple(step)
     return Fault(action, _int_or_none(obj, "rank", text), _int_or_none(obj, "batch_size", text),
                  scenario, step)
 
@@ -123,5 +130,5 @@ def inject(rank: int, batch_size: int, scenario: str, environ=None) -> None:
 def inject_step(step: str, environ=None) -> None:
     """Raise here if the configured fault names this Snakemake script step (rule name)."""
     fault = from_env(environ)
-    if fault is not None and fault.step == step:
+    if fault is not None and fault.step is not None and step in fault.step:
         raise RuntimeError(f"injected fault (raise) in step {step}")

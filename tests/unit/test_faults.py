@@ -80,7 +80,8 @@ def test_kill_and_hang_really_happen(action, rc):
 
 def test_step_faults_fire_only_in_their_step_never_in_a_point():
     env = {ENV_VAR: '{"action": "raise", "step": "merge_shards"}'}
-    assert parse(env[ENV_VAR]) == Fault("raise", step="merge_shards")
+    assert parse(env[ENV_VAR]) == Fault("raise", step=("merge_shards",))
+    assert parse('{"action": "raise", "step": ["a", "b"]}').step == ("a", "b")
     faults.inject_step("measure", environ=env)
     inject(0, 1, "inference", environ=env)
     with pytest.raises(RuntimeError, match="injected fault .raise. in step merge_shards"):

@@ -31,4 +31,6 @@ with step_log(sm.log[0], sm.rule) as log:
         log,
         cpus=sm.threads,
         gpus_per_node=spec["gpus_per_node"],
+        # Not in params: a changed limit must not make Snakemake rerun finished jobs.
+        limits=sm.config.get("limits"),
     )

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import traceback
 
 import torch
 import torch.nn.functional as F
@@ -645,10 +644,8 @@ class TrainingMeasurer(Measurer):
                 windows.append([{**r, "loss": w["loss"]} for r in self._rows(bs, rep, PHASE, w)])
         except dist.LayoutMismatch:
             raise
-        except Exception as exc:  # recorded per point; the job continues with the next batch size
-            status = "oom" if _is_oom(exc) else "error"
-            error = (status, f"{type(exc).__name__}: {exc}")
-            traceback.print_exc()
+        except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
+            error = self.point_error(exc, _is_oom(exc))
         finally:
             if trainer is not None:
                 trainer.close()

@@ -597,7 +597,7 @@ def _write_generations(generations: list[list[dict]], path: str) -> None:
 
 
 def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds: dict,
-                      timing: dict) -> None:
+                      timing: dict, job_table_rows: int | None = None) -> None:
     from energysweep.envinfo import job_environment
 
     record = {
@@ -613,6 +613,9 @@ def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds
         "engine": spec.get("engine"),  # engine jobs only (config `engine:`)
         "seed": spec["seed"],
         "timing": timing,
+        # What the merge checks the job table against (aggregate.merge).
+        "job_table_rows": job_table_rows,
+        "schema_version": shards.SCHEMA_VERSION,
     }
     path = spec["outputs"]["job_json"]
     tmp = Path(path).with_suffix(".json.tmp")
@@ -678,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         monitor.start(backend.synchronize)
     outputs = spec["outputs"]
     job_tables = []  # rank 0: every shard of the job, for the job table
+    job_table_rows = None
     for bs in spec["batch_sizes"]:
         for rep, rows in enumerate(measurer.point(bs)):
             gathered = dist.gather(rows)
@@ -687,7 +691,9 @@ def main(argv: list[str] | None = None) -> int:
                 job_tables.append(table)
     if ctx.rank == 0 and outputs.get("job_table"):
         # The same rows in one file: what the merge reads (one file per job, not per window).
-        shards.write_atomic(shards.concat(job_tables), outputs["job_table"])
+        job_table = shards.concat(job_tables)
+        shards.write_atomic(job_table, outputs["job_table"])
+        job_table_rows = job_table.num_rows
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(measurer.generations)
     window_ns = dist.gather(measurer.window_ns_total)
@@ -701,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             "idle_baseline_s": monitor.idle_window_s,
             "window_s": window_ns[0] / 1e9,
             "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
-        })
+        }, job_table_rows)
     measurer.energy.close()  # a scenario's measurer may own its own source (closing is idempotent)
     measurer.close()
     monitor.close()

@@ -90,3 +90,52 @@ def _report(log, console, step: str, exc: BaseException, log_path: Path) -> None
     print(line, file=log, flush=True)
     with contextlib.suppress(Exception):
         print(line, file=console, flush=True)
+
+
+# Options of the running Snakemake that a rerun command must repeat (a value each, or several).
+_RERUN_OPTIONS = ("--profile", "--configfile", "--configfiles", "--directory", "-d")
+
+
+def snakemake_options(pid: int | None = None) -> list[str] | None:
+    """``--profile``/``--configfile``/``--directory`` of the Snakemake that runs this step.
+
+    Found on the command line of the nearest ``snakemake`` ancestor process (Linux /proc), so
+    that the rerun command a failed step prints works as typed. None when there is none.
+    """
+    pid = os.getppid() if pid is None else pid
+    for _ in range(16):  # the step runs a few levels below Snakemake (shell, python)
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            argv = argv.split("\0")[:-1]
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        if any(Path(a).name == "snakemake" for a in argv[:2]) or argv[1:3] == ["-m", "snakemake"]:
+            return _pick_options(argv)
+        pid = int(stat.rpartition(")")[2].split()[1])
+        if pid <= 1:
+            return None
+    return None
+
+
+def _pick_options(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in _RERUN_OPTIONS:
+            if eq:
+                out.append(arg)
+            else:
+                out.append(arg)
+                i += 1
+                multi = name in ("--configfile", "--configfiles")
+                while i < len(argv) and not argv[i].startswith("-"):
+                    out.append(argv[i])
+                    i += 1
+                    if not multi:
+                        break
+                continue
+        i += 1
+    return out

@@ -147,18 +147,18 @@ def rerun_command(job_record: str | Path, snakemake_args: list[str] | None = Non
     return shlex.join(["snakemake", *args, "--forcerun", str(job_record)])
 
 
-def _job_label(record: dict | None) -> str:
+def _job_label(record: dict | None, job_record: Path) -> str:
     job = (record or {}).get("job") or {}
     keys = ("model", "backend", "scenario", "tp", "pp", "dp")
-    return " ".join(f"{k}={job[k]}" for k in keys if k in job) or "(job.json unreadable)"
+    label = " ".join(f"{k}={job[k]}" for k in keys if k in job)
+    return f"{label} ({job_record})" if label else str(job_record)
 
 
 def _problem(table: Path, job_record: Path, record: dict | None, what: str,
              snakemake_args: list[str] | None) -> str:
-    return (
-        f"{table} {what}\n    job: {_job_label(record)} ({job_record})\n"
-        f"    rerun it: {rerun_command(job_record, snakemake_args)}"
-    )
+    """One line per bad file: the file and what is wrong, its job, the command to rerun it."""
+    return (f"{table} {what}; job: {_job_label(record, job_record)}; "
+            f"rerun it: {rerun_command(job_record, snakemake_args)}")
 
 
 class MissingJobTable(MergeInputError, FileNotFoundError):
@@ -249,9 +249,10 @@ def _read_batch(paths: list[str | Path], expect: dict | None = None,
         except (pa.ArrowException, OSError, shards.ShardError) as exc:
             if job_record is None:
                 raise
-            what = f"is not a valid job table ({type(exc).__name__}: {exc})"
+            detail = " ".join(str(exc).split())  # one line per bad file
+            what = f"is not a valid job table ({type(exc).__name__}: {detail})"
             if isinstance(exc, (pa.ArrowInvalid, OSError)):
-                what = f"is not a readable Parquet file, truncated or corrupt ({exc})"
+                what = f"is not a readable Parquet file, truncated or corrupt ({detail})"
             problems.append(_problem(Path(p), job_record, record, what, snakemake_args))
             continue
         if record is not None:

@@ -302,6 +302,9 @@ def _write_dataset_tmp(table: pa.Table, out: Path) -> Path:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; results are for everyone to read
     try:
         if table.num_rows:
             # One chunk per shard made the partitioned write 25x slower (per-batch work).
@@ -936,15 +939,17 @@ def aggregate(
         env = pa.Table.from_pandas(environment_table(jobs, records), preserve_index=False)
     energy_out, summary_out = Path(energy_out), Path(summary_out)
     staged: list[tuple[Path, Path]] = []
+    writing = energy_out
     try:
         staged.append((_write_dataset_tmp(table, energy_out), energy_out))
         summary_out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".tmp-{summary_out.name}-", dir=summary_out.parent)
         os.close(fd)
         staged.append((Path(tmp), summary_out))
+        writing = summary_out
         summary.to_csv(tmp, index=False)
         if env is not None:
-            env_out = Path(environment_out)
+            env_out = writing = Path(environment_out)
             fd, tmp = tempfile.mkstemp(prefix=f".tmp-{env_out.name}-", dir=env_out.parent)
             os.close(fd)
             staged.append((Path(tmp), env_out))
@@ -958,6 +963,8 @@ def aggregate(
                 os.chmod(tmp_path, 0o666 & ~umask)
             _swap_in(tmp_path, out)
         staged = []
+    except OSError as exc:  # a full disk, say: name the output (pyarrow's errors do not)
+        raise shards.write_error(exc, writing) from exc
     finally:
         for tmp_path, _ in staged:
             if tmp_path.is_dir():

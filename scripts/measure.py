@@ -31,4 +31,6 @@ with open(sm.log[0], "w") as log:
         log,
         cpus=sm.threads,
         gpus_per_node=spec["gpus_per_node"],
+        # "" (pytorch; any backend under conda): this Python, the rule's environment.
+        python=sm.params.python or sys.executable,
     )

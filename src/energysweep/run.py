@@ -470,6 +470,10 @@ class Measurer:
                     ]
                 windows.append(rows)
         except Exception as exc:  # recorded per point; the job continues with the next batch size
+            if getattr(self.backend, "fatal_point_errors", False):
+                # The other ranks wait inside the engine's collectives: end the job (torchrun
+                # then stops them) instead of hanging in agree_on_failure.
+                raise
             status = "oom" if self.backend.is_oom(exc) else "error"
             error = (status, f"{type(exc).__name__}: {exc}")
             traceback.print_exc()
@@ -650,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(measurer.generations)
     window_ns = dist.gather(measurer.window_ns_total)
+    # Engine start-up per rank (vLLM: import, engine init, compile), taken before any window.
+    startups = dist.gather(getattr(backend, "startup", None))
     if ctx.rank == 0:
         _write_generations(generations, outputs["generations"])
         write_power([s for rank in samples for s in rank], power_path(outputs), monitor.sampler_hz)
@@ -660,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
             "idle_baseline_s": monitor.idle_window_s,
             "window_s": window_ns[0] / 1e9,
             "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
+            "backend_startup": startups if any(startups) else None,
         })
     measurer.energy.close()  # a scenario's measurer may own its own source (closing is idempotent)
     measurer.close()

@@ -214,7 +214,15 @@ def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp
     layout = ParallelLayout(tp=2)
     backend = vllm_backend.load_backend(make_ctx(model_dir, layout, 0, spec))
     llm = fake_vllm.instances[-1]
-    assert llm.kwargs == vllm_backend.engine_kwargs(layout, model_dir, job_options(spec))
+    # CPU ranks: no gpu_memory_utilization (the KV cache is VLLM_CPU_KVCACHE_SPACE).
+    assert llm.kwargs == vllm_backend.engine_kwargs(
+        layout, model_dir, job_options(spec), on_gpu=False
+    )
+    assert "gpu_memory_utilization" not in llm.kwargs
+    assert backend.startup["engine_version"] == fake_engines.VLLM_VERSION
+    assert backend.startup["import_s"] >= 0 and backend.startup["engine_init_s"] >= 0
+    assert backend.startup["compile_s"] is None  # the fake reports no compile time
+    assert backend.fatal_point_errors  # 2 ranks: a failed point must end the job
     batch = backend.encode(["the quick brown fox jumps over the lazy dog " * 3, "hi"])
     assert max(len(ids) for ids in batch) == 8  # truncated to max_input_tokens
     assert backend.input_tokens(batch) == sum(len(ids) for ids in batch)

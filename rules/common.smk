@@ -9,6 +9,7 @@ from snakemake.utils import Paramspace
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from energysweep import config as es_config
+from energysweep import environments as es_environments
 from energysweep.envinfo import code_version
 from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
 
@@ -17,12 +18,16 @@ from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
 es_config.validate_schema(
     config, Path(workflow.basedir) / "config" / "config.schema.yaml"
 )
+USE_CONDA = "conda" in str(workflow.deployment_settings.deployment_method).lower()
+# Every backend's environment is checked here, before any job: its interpreter exists and the
+# engine imports there (energysweep.environments).
 es_config.check(
     config,
     base_dir=Path.cwd(),
-    use_conda="conda" in str(workflow.deployment_settings.deployment_method).lower(),
+    use_conda=USE_CONDA,
     # A dry run executes nothing: an engine missing here is a warning, not an error.
     dry_run=bool(getattr(workflow.output_settings, "dryrun", False)),
+    workflow_dir=workflow.basedir,
 )
 
 GRID = es_config.build_grid(config, Path.cwd())
@@ -110,6 +115,16 @@ def get_conda_env(wildcards):
     return str(Path(workflow.basedir) / "envs" / f"{wildcards.backend}.yaml")
 
 
+def get_python(wildcards):
+    """Interpreter of the job's ranks (energysweep.environments decides); "" = the job's own."""
+    return (
+        es_environments.interpreter(
+            wildcards.backend, config["environments"], workflow.basedir, USE_CONDA
+        )
+        or ""
+    )
+
+
 def get_tiny_spec(wildcards):
     return MODELS[wildcards.model].get("spec", {})
 
@@ -194,6 +209,7 @@ for _func in (
     get_tasks_per_gpu,
     get_model_input,
     get_conda_env,
+    get_python,
     get_tiny_spec,
     get_model_dir,
     get_job_spec,

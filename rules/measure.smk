@@ -34,5 +34,7 @@ rule measure:
     params:
         spec=get_job_spec,
         model_dir=get_model_dir,
+        # The backend's environment (energysweep.environments): the ranks' interpreter.
+        python=get_python,
     script:
         "../scripts/measure.py"

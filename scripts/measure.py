@@ -33,4 +33,6 @@ with step_log(sm.log[0], sm.rule) as log:
         gpus_per_node=spec["gpus_per_node"],
         # Not in params: a changed limit must not make Snakemake rerun finished jobs.
         limits=sm.config.get("limits"),
+        # "" (pytorch; any backend under conda): this Python, the rule's environment.
+        python=sm.params.python or sys.executable,
     )

@@ -40,7 +40,12 @@ def snakemake_exe() -> str:
 
 
 def workflow_copy(tmp_path: Path) -> Path:
-    """A copy of the workflow (not results) in tmp_path, so tests never touch the checkout's."""
+    """A copy of the workflow (not results) in tmp_path, so tests never touch the checkout's.
+
+    Its default config sweeps PyTorch only: the default sweep's vLLM jobs (real engine, in
+    .venv-vllm) are what tests/integration/test_vllm_real.py runs; a test that wants vLLM names
+    it in its own config, with ``environments.vllm`` (the copy has no .venv-vllm).
+    """
     dst = tmp_path / "wf"
     dst.mkdir(parents=True)
     for name in ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src", "envs"):
@@ -49,6 +54,10 @@ def workflow_copy(tmp_path: Path) -> Path:
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
             shutil.copy2(src, dst / name)
+    default = dst / "config" / "config.yaml"
+    text = default.read_text()
+    assert "\nbackends: [pytorch, vllm]\n" in text, "config/config.yaml: backends line changed"
+    default.write_text(text.replace("\nbackends: [pytorch, vllm]\n", "\nbackends: [pytorch]\n"))
     return dst
 
 
@@ -61,3 +70,12 @@ def test_env() -> dict:
 
 
 test_env.__test__ = False  # a helper, not a test
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_python() -> str:
+    """The vLLM environment's interpreter; `make test` builds it first, so missing is a failure
+    (never a skip): run `make vllm-env`."""
+    assert VLLM_PYTHON.is_file(), f"{VLLM_PYTHON} is missing: run `make vllm-env`"
+    return str(VLLM_PYTHON)

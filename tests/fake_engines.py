@@ -18,6 +18,9 @@ def _fake_tokens(prompt_ids: list[int], n: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------- vLLM
+VLLM_VERSION = "0.32.0"  # the version whose API this fake mirrors (tests/unit/test_vllm_backend.py)
+
+
 @dataclass
 class VllmSamplingParams:
     n: int = 1
@@ -86,6 +89,7 @@ def make_vllm():
     distributed = types.ModuleType("vllm.distributed")
     distributed.parallel_state = parallel_state
     mod = types.ModuleType("vllm")
+    mod.__version__ = VLLM_VERSION
     mod.LLM = VllmLLM
     mod.SamplingParams = VllmSamplingParams
     mod.distributed = distributed

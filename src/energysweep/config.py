@@ -10,11 +10,12 @@ import copy
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
 import yaml
 
-from energysweep.grid import BACKENDS, Grid, ModelDims, expand_grid
+from energysweep.grid import Grid, ModelDims, expand_grid
 
 BUILTIN_TINY = "builtin:tiny"
 # A checkpoint path may only hold these characters: it is passed on argv, never through a shell,
@@ -99,13 +100,19 @@ def resolve_model_path(path: str, base_dir: Path) -> Path:
 
 
 def check(
-    config: dict, base_dir: str | Path = ".", use_conda: bool = False, dry_run: bool = False
+    config: dict,
+    base_dir: str | Path = ".",
+    use_conda: bool = False,
+    dry_run: bool = False,
+    workflow_dir: str | Path | None = None,
 ) -> None:
     """Semantic checks the schema cannot express. Raises ConfigError naming key and fix.
 
-    A backend whose module is not importable here is an error unless its jobs run in their own
-    conda environment (``use_conda``); in a dry run (nothing is executed) it is only a warning, so
-    a cluster sweep can be dry-run on a machine without the engine.
+    Every backend's environment must work (energysweep.environments.check): its interpreter
+    exists and the engine imports there, unless its jobs run in their own conda environment
+    (``use_conda``); in a dry run (nothing is executed) a problem is only a warning, so a
+    cluster sweep can be dry-run on a machine without the engine. ``workflow_dir`` (default
+    ``base_dir``) is what relative ``environments`` paths are relative to.
     """
     base_dir = Path(base_dir)
     problems = []
@@ -145,29 +152,41 @@ def check(
             problems.append(
                 f"config key workload.prompts: {p} is not a file; use `builtin` or a JSONL file"
             )
-    if not use_conda:
-        import importlib.util
-        import sys
+    for b, path in (config.get("environments") or {}).items():
+        if path is not None and (not SAFE_PATH.match(path) or path.startswith("-")):
+            problems.append(
+                f"config key environments.{b}: {path!r} has characters that are not allowed; "
+                "use letters, digits and . _ - / + ~ only"
+            )
+    from energysweep import environments
 
-        for b in config["backends"]:
-            module = BACKENDS[b]["module"]
-            if importlib.util.find_spec(module) is None:
-                msg = (
-                    f"config key backends: backend {b!r} is not installed here (no module "
-                    f"{module!r}); {BACKENDS[b]['install_hint']}"
-                )
-                if dry_run:
-                    print(f"warning (dry run): {msg}", file=sys.stderr)
-                else:
-                    problems.append(msg)
+    errors, warnings = environments.check(
+        config, workflow_dir if workflow_dir is not None else base_dir, use_conda, dry_run
+    )
+    problems += errors
+    for msg in warnings:
+        print(f"warning (dry run): {msg}", file=sys.stderr)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def runs_on_cpu(device: str) -> bool:
+    """Whether ranks compute on CPUs: ``measurement.device`` cpu, or auto where this host has no
+    NVIDIA GPU device node (no torch import: this runs when the workflow loads)."""
+    import glob
+
+    if device == "cpu":
+        return True
+    if device == "cuda":
+        return False
+    return not glob.glob("/dev/nvidia[0-9]*")
 
 
 def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
     """The grid of jobs (and skipped points) a validated config describes."""
     base_dir = Path(base_dir)
     par = config["parallel"]
+    measurement = config.get("measurement") or {}
     return expand_grid(
         {m["name"]: model_dims(m, base_dir) for m in config["models"]},
         config["backends"],
@@ -177,6 +196,8 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         par["dp"],
         par["max_gpus_per_job"],
         par["gpus_per_node"],
+        engine=config.get("engine"),
+        on_cpu=runs_on_cpu(measurement.get("device", "auto")),
     )
 
 

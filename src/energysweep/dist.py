@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass, field
 
 from energysweep.grid import (
+    BACKENDS,
     ParallelLayout,
     RankCoords,
     expected_processes,
@@ -135,7 +136,9 @@ def init(
             f"launcher started world size {world} (WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}); "
             "refusing to measure"
         )
-    if world > 1:
+    # vLLM's external_launcher reuses this group; left to create its own it fails under torchrun
+    # with dp > 1 (gloo `rank < size`), so its ranks always get one, even a world of 1.
+    if world > 1 or BACKENDS[backend].get("torchrun_always"):
         import torch.distributed as dist
 
         # Under direct/mpi the GPUs belong to the engine's workers: our processes only

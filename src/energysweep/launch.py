@@ -69,14 +69,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def backend_env(backend: str, slurm_job_id: str | None = None) -> dict[str, str]:
-    """Environment variables a backend's processes need, beyond the common ones."""
+def backend_env(
+    backend: str, slurm_job_id: str | None = None, engine: dict | None = None
+) -> dict[str, str]:
+    """Environment variables a backend's processes need, beyond the common ones.
+
+    Args:
+        engine: the config section ``engine`` (engine jobs' spec), None for its defaults.
+    """
     if backend == "vllm":
+        engine = engine or {}
         return {
             "VLLM_PORT": str(vllm_port(slurm_job_id) if slurm_job_id else free_port()),
             # external_launcher runs the engine core inside each rank (vLLM sets this itself for
             # that executor; set here so the job's environment record says so).
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            # KV cache of a rank on CPUs, in GiB (read by vLLM's CPU platform only). Unset, the
+            # CPU build reserves gpu_memory_utilization x host RAM per rank: OOM kills at tp=2.
+            "VLLM_CPU_KVCACHE_SPACE": str(int(engine.get("cpu_kvcache_gib", 1))),
+            # vLLM binds OpenMP threads only in its own multiprocessing executor; under
+            # external_launcher each rank uses OMP_NUM_THREADS (build_env), so say so.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         }
     return {}
 
@@ -172,10 +185,18 @@ def build_env(
     threads: int | None = None,
     backend: str = "pytorch",
     slurm_job_id: str | None = None,
+    engine: dict | None = None,
 ) -> dict:
-    """Environment for the job's processes."""
+    """Environment for the job's processes.
+
+    ``threads`` is each rank's share of the job's cores (OMP_NUM_THREADS; the ranks also set
+    torch's thread count from it), so the ranks of a job never oversubscribe its cores.
+    """
     env = dict(os.environ if base is None else base)
-    env.update(backend_env(backend, slurm_job_id))
+    env.update(backend_env(backend, slurm_job_id, engine))
+    # Checkpoints are local directories (config.check): never wait on the Hugging Face Hub.
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
     # CUDA then numbers GPUs as NVML does; GPUs are still resolved by UUID for energy.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["PYTHONUNBUFFERED"] = "1"
@@ -265,8 +286,12 @@ def _stop_signals_raise():
 
 
 def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: int,
-            timeout_s: float | None = None, limits: dict | None = None) -> None:
+            timeout_s: float | None = None, limits: dict | None = None,
+            python: str = sys.executable) -> None:
     """Write the spec, start the job's processes, and publish its outputs only if all succeeded.
+
+    ``python`` is the interpreter of the backend's environment (energysweep.environments): the
+    ranks, and torchrun itself, run in it.
 
     The ranks write into a hidden staging directory next to the outputs; the files move to their
     final names (job.json last) only after every process exited 0. A job that fails or is killed
@@ -311,13 +336,13 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
     if layout.nodes(gpus_per_node) > 1 and os.environ.get("SLURM_JOB_NODELIST"):
         head = head_node(os.environ["SLURM_JOB_NODELIST"])
     argv = build_argv(layout, spec["job"]["backend"], str(spec_path), gpus_per_node,
-                      slurm_job_id=slurm_id, head_node=head)
+                      python=python, slurm_job_id=slurm_id, head_node=head)
     spec["launch_argv"] = argv
     base.mkdir(parents=True, exist_ok=True)
     Path(spec_path).write_text(json.dumps(spec, indent=2))
     ranks_here = layout.world_size // layout.nodes(gpus_per_node)
     env = build_env(layout, threads=cpus // max(1, ranks_here), backend=spec["job"]["backend"],
-                    slurm_job_id=slurm_id)
+                    slurm_job_id=slurm_id, engine=spec.get("engine"))
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     timeout = float(limits["job_timeout_s"])

@@ -511,6 +511,11 @@ class Measurer:
                     ]
                 windows.append(rows)
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
+            if getattr(self.backend, "fatal_point_errors", False):
+                # A multi-rank engine (vLLM) cannot go on after an exception, and its other ranks
+                # wait inside the engine's own collectives, not in the agreement: end the job now
+                # (torchrun then stops every rank) rather than after collective_timeout_s.
+                raise
             error = self.point_error(exc, self.backend.is_oom(exc))
         return self.agree_on_failure(error, bs, windows)
 
@@ -699,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(measurer.generations)
     window_ns = dist.gather(measurer.window_ns_total)
+    # Engine start-up per rank (vLLM: import, engine init, compile), taken before any window.
+    startups = dist.gather(getattr(backend, "startup", None))
     if ctx.rank == 0:
         _write_generations(generations, outputs["generations"])
         write_power([s for rank in samples for s in rank], power_path(outputs), monitor.sampler_hz)
@@ -709,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
             "idle_baseline_s": monitor.idle_window_s,
             "window_s": window_ns[0] / 1e9,
             "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
+            "backend_startup": startups if any(startups) else None,
         }, job_table_rows)
     measurer.energy.close()  # a scenario's measurer may own its own source (closing is idempotent)
     measurer.close()

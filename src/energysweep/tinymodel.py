@@ -18,9 +18,11 @@ import shutil
 import sys
 from pathlib import Path
 
+# head_dim = hidden_size / num_attention_heads = 32: vLLM's CPU attention supports head_dim 32,
+# 64, 80, 96, 112, 128, ... only (16 fails with "Unsupported CPU attention configuration").
 DEFAULT_SPEC: dict = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 128,
+    "intermediate_size": 256,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +31,7 @@ for _k, _v in _m.items():
         sys.modules[_k] = _v
 LLM = _m["vllm"].LLM
 SamplingParams = _m["vllm"].SamplingParams
+__version__ = _m["vllm"].__version__
 distributed = _m["vllm.distributed"]
 """
 TRT_INIT = """import fake_engines
@@ -44,6 +46,8 @@ CONFIG = {
     "parallel": {"tp": [1, 2], "pp": [1], "dp": [1, 2], "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [2], "repetitions": 1, "iterations": 1, "output_tokens": 5},
     "engine": {"max_model_len": 96},
+    # The fake vllm package is on this interpreter's PYTHONPATH (set below), not in .venv-vllm.
+    "environments": {"vllm": sys.executable},
 }
 
 

@@ -103,8 +103,9 @@ def test_example_dry_runs_with_gpus_per_layout(wf, example):
     backends = {j["wildcards"]["backend"] for j in jobs}
     assert backends == set(cfg["backends"])
     for b in set(cfg["backends"]) - {"pytorch"}:
-        # An engine that is not installed here is a warning in a dry run, naming its env.
-        assert f"backend {b!r} is not installed here" in out
+        # An engine environment missing here is a warning in a dry run, naming its conda env
+        # (the workflow copy has no .venv-vllm; TensorRT-LLM is never installed here).
+        assert "warning (dry run): config key " in out and f"backend {b!r}" in out
         assert f"envs/{b}.yaml" in out
 
 
@@ -138,7 +139,8 @@ def test_trtllm_example_runs_a_replica_over_two_nodes_and_skips_multi_node_dp(wf
 
 
 def test_a_missing_engine_fails_validation_outside_a_dry_run(wf):
-    """The same grid, really run without conda: refused before any job, with the install hint."""
+    """The same grid, really run without conda and without the vLLM environment: refused
+    before any job, naming the backend, the key and the fix."""
     rc, out = snakemake(
         wf,
         # The target first: --configfile takes every following word as a config file.
@@ -148,10 +150,11 @@ def test_a_missing_engine_fails_validation_outside_a_dry_run(wf):
         "--configfile",
         "config/examples/vllm-dgx2.yaml",
     )
-    if "not installed here" not in out and rc == 0:
-        pytest.skip("vllm is installed in this environment")
+    # The workflow copy has no .venv-vllm, the default vLLM environment.
     assert rc != 0
-    assert "backend 'vllm' is not installed here" in out and "envs/vllm.yaml" in out
+    assert "config key environments.vllm: backend 'vllm' runs its ranks with" in out
+    assert "does not exist" in out and "make vllm-env" in out and "envs/vllm.yaml" in out
+    assert not (wf / "results" / "grid" / "jobs.tsv").exists()
 
 
 def test_multi_node_torchrun_jobs_get_one_task_per_node(wf):

@@ -27,8 +27,8 @@ def _files(d):
 
 def test_default_spec_values():
     assert DEFAULT_SPEC == {
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        "hidden_size": 128,
+        "intermediate_size": 256,
         "num_hidden_layers": 4,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,

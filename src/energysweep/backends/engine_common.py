@@ -18,7 +18,8 @@ from energysweep.backends import request_log
 # Defaults of the proposed config section ``engine:`` (see docs/backends.md); used while the
 # spec does not carry it.
 ENGINE_DEFAULTS = {
-    "gpu_memory_utilization": 0.9,  # vLLM: fraction of each GPU's memory for weights + KV cache
+    "gpu_memory_utilization": 0.9,  # vLLM on GPUs: fraction of each GPU's memory for weights + KV
+    "cpu_kvcache_gib": 1,  # vLLM on CPUs: KV cache GiB per rank (VLLM_CPU_KVCACHE_SPACE)
     "enforce_eager": False,  # vLLM: True disables CUDA graphs / torch.compile
     "max_model_len": None,  # None: max_input_tokens + output_tokens
 }

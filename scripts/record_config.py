@@ -1,12 +1,16 @@
 """Snakemake step: record the validated config (defaults filled), its hash and the code version."""
 
 import sys
+from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
+
+from energysweep.steplog import step_log  # noqa: E402
+
 sm = snakemake  # noqa: F821
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule):
     record = {
         "config_hash": sm.params.config_hash,
         "code_version": sm.params.code_version,

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from energysweep import shards
 
@@ -129,25 +130,107 @@ WINDOW_COLUMNS = [
 PARTITION_KEYS = ["model", "backend"]
 
 
-def job_table_paths(job_records: list[str | Path]) -> list[Path]:
+class MergeInputError(ValueError):
+    """A job's files cannot be merged; the message names each file, its job, and the rerun."""
+
+
+def rerun_command(job_record: str | Path, snakemake_args: list[str] | None = None) -> str:
+    """The command that reruns one job (and the merge after it).
+
+    ``--forcerun`` of the job's job.json reruns the measure job that writes it, then everything
+    downstream. ``snakemake_args`` are the options of the run that failed (``--profile``,
+    ``--configfile``: energysweep.steplog.snakemake_options), default the local profile.
+    """
+    import shlex
+
+    args = list(snakemake_args or ["--profile", "profiles/local"])
+    return shlex.join(["snakemake", *args, "--forcerun", str(job_record)])
+
+
+def _job_label(record: dict | None, job_record: Path) -> str:
+    job = (record or {}).get("job") or {}
+    keys = ("model", "backend", "scenario", "tp", "pp", "dp")
+    label = " ".join(f"{k}={job[k]}" for k in keys if k in job)
+    return f"{label} ({job_record})" if label else str(job_record)
+
+
+def _problem(table: Path, job_record: Path, record: dict | None, what: str,
+             snakemake_args: list[str] | None) -> str:
+    """One line per bad file: the file and what is wrong, its job, the command to rerun it."""
+    return (f"{table} {what}; job: {_job_label(record, job_record)}; "
+            f"rerun it: {rerun_command(job_record, snakemake_args)}")
+
+
+class MissingJobTable(MergeInputError, FileNotFoundError):
+    """A job's table is missing next to its job.json."""
+
+
+def job_table_paths(job_records: list[str | Path],
+                    snakemake_args: list[str] | None = None) -> list[Path]:
     """Every job's table (``shards.JOB_TABLE``: all its shards' rows in one file), found next to
     its job.json.
 
     Reading one file per job instead of one per window is what keeps the merge of a large sweep
-    fast (bench/merge_scaling.py). Raises FileNotFoundError naming the job when the table is
-    missing (its job.json stands for all of the job's outputs in the merge rule, so Snakemake
-    would not notice).
+    fast (bench/merge_scaling.py). Raises MergeInputError (a FileNotFoundError too) naming every
+    job whose table is missing and the command that reruns it (its job.json stands for all of the
+    job's outputs in the merge rule, so Snakemake would not notice).
     """
-    paths = []
+    paths, problems = [], []
     for record in job_records:
         table = Path(record).parent / shards.JOB_TABLE
         if not table.is_file():
-            raise FileNotFoundError(
-                f"{table} is missing although {record} exists; rerun the job "
-                f"(snakemake --forcerun {record})"
-            )
+            problems.append(_problem(table, Path(record), None,
+                                     f"is missing although {record} exists", snakemake_args))
         paths.append(table)
+    if problems:
+        raise MissingJobTable(_merge_failure(problems))
     return paths
+
+
+def _merge_failure(problems: list[str]) -> str:
+    shown = problems[:20]
+    more = f"\n  ... and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
+    return (
+        f"merge refused: {len(problems)} job table(s) cannot be merged; nothing was written and "
+        "the previous results are unchanged.\n  " + "\n  ".join(shown) + more
+    )
+
+
+def load_job_records(job_records: list[str | Path],
+                     snakemake_args: list[str] | None = None) -> dict[Path, dict]:
+    """job.json path -> its record; MergeInputError naming every unreadable one."""
+    records, problems = {}, []
+    for path in map(Path, job_records):
+        try:
+            records[path] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            problems.append(_problem(path, path, None, f"is unreadable ({exc})",
+                                     snakemake_args))
+    if problems:
+        raise MergeInputError(_merge_failure(problems))
+    return records
+
+
+def _check_table(table: pa.Table, record: dict) -> list[str]:
+    """What is wrong with a job's table given its job.json (empty: nothing)."""
+    wrong = []
+    versions = set(pc.unique(table.column("schema_version")).to_pylist())
+    if versions != {shards.SCHEMA_VERSION} and table.num_rows:
+        wrong.append(f"has schema version {sorted(versions)}, this energysweep merges version "
+                     f"{shards.SCHEMA_VERSION}")
+    expected_rows = record.get("job_table_rows")
+    if expected_rows is None:
+        wrong.append("has no row count in job.json (written by an older energysweep)")
+    elif table.num_rows != expected_rows:
+        wrong.append(f"has {table.num_rows} rows, job.json records {expected_rows}")
+    hashes = set(pc.unique(table.column("config_hash")).to_pylist())
+    if hashes - {record.get("config_hash")}:
+        wrong.append(f"has config hash {sorted(hashes)}, not job.json's "
+                     f"{record.get('config_hash')!r} (the file belongs to another run)")
+    ids = set(pc.unique(table.column("job_id")).to_pylist())
+    if ids - {record.get("job_id")}:
+        wrong.append(f"has job id {sorted(ids)}, not job.json's {record.get('job_id')!r}")
+    return wrong
 
 
 # Shards per read task: each task concatenates its shards into one chunk, so the merged table
@@ -155,34 +238,68 @@ def job_table_paths(job_records: list[str | Path]) -> list[Path]:
 MERGE_BATCH = 64
 
 
-def _read_batch(paths: list[str | Path]) -> pa.Table:
-    return pa.concat_tables([shards.read_shard(p) for p in paths]).combine_chunks()
+def _read_batch(paths: list[str | Path], expect: dict | None = None,
+                snakemake_args: list[str] | None = None) -> tuple[pa.Table | None, list[str]]:
+    """The batch's tables concatenated, and what is wrong with any of them (then no table)."""
+    tables, problems = [], []
+    for p in paths:
+        job_record, record = (expect or {}).get(Path(p), (None, None))
+        try:
+            table = shards.read_shard(p)
+        except (pa.ArrowException, OSError, shards.ShardError) as exc:
+            if job_record is None:
+                raise
+            detail = " ".join(str(exc).split())  # one line per bad file
+            what = f"is not a valid job table ({type(exc).__name__}: {detail})"
+            if isinstance(exc, (pa.ArrowInvalid, OSError)):
+                what = f"is not a readable Parquet file, truncated or corrupt ({detail})"
+            problems.append(_problem(Path(p), job_record, record, what, snakemake_args))
+            continue
+        if record is not None:
+            wrong = _check_table(table, record)
+            if wrong:
+                problems.append(_problem(Path(p), job_record, record, "; ".join(wrong),
+                                         snakemake_args))
+                continue
+        tables.append(table)
+    if problems:
+        return None, problems
+    return pa.concat_tables(tables).combine_chunks(), []
 
 
-def merge(paths: list[str | Path]) -> pa.Table:
+def merge(paths: list[str | Path], records: dict[Path, dict] | None = None,
+          snakemake_args: list[str] | None = None) -> pa.Table:
     """Read every shard once, check its schema, and concatenate (one chunk per batch of shards).
+
+    With ``records`` (job.json path -> record, :func:`load_job_records`), each path must be the
+    job table next to one of them and is verified against it: readable Parquet, the shard
+    schema and its version, the row count job.json records, the job's config hash and job id.
+    Every bad table is reported at once (:class:`MergeInputError`), each with its job and the
+    command that reruns it.
 
     Reads run on a few threads: pyarrow decodes without the GIL, and per-file open and decode
     (not bytes) is the cost of many small shards (bench/merge_scaling.py).
     """
     if not paths:
         return shards.SCHEMA.empty_table()
+    expect = None
+    if records is not None:
+        expect = {Path(j).parent / shards.JOB_TABLE: (Path(j), r) for j, r in records.items()}
     batches = [paths[i : i + MERGE_BATCH] for i in range(0, len(paths), MERGE_BATCH)]
     workers = min(8, 2 * (os.cpu_count() or 1), len(batches))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return pa.concat_tables(list(pool.map(_read_batch, batches)))
+        results = list(pool.map(lambda b: _read_batch(b, expect, snakemake_args), batches))
+    problems = [p for _, batch_problems in results for p in batch_problems]
+    if problems:
+        raise MergeInputError(_merge_failure(problems))
+    return pa.concat_tables([t for t, _ in results])
 
 
-def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
-    """Write ``table`` as a hive-partitioned Parquet dataset at ``out_dir``, atomically.
-
-    It is written to a temp directory beside ``out_dir`` and renamed into place, so a reader sees
-    the old dataset or the new one, never a half-written one.
-    """
+def _write_dataset_tmp(table: pa.Table, out: Path) -> Path:
+    """``table`` as a hive-partitioned dataset in a new temp directory beside ``out``."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
@@ -195,15 +312,33 @@ def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
             )
         else:  # no partitions to write: one empty file keeps the schema readable
             pq.write_table(table, tmp / "part-0.parquet")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` (file or directory) to ``out``, replacing what was there."""
+    if tmp.is_dir():
         old = out.with_name(f".old-{out.name}-{uuid.uuid4().hex}") if out.exists() else None
         if old:
             os.replace(out, old)
         os.replace(tmp, out)
         if old:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    else:
+        os.replace(tmp, out)
+
+
+def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
+    """Write ``table`` as a hive-partitioned Parquet dataset at ``out_dir``, atomically.
+
+    It is written to a temp directory beside ``out_dir`` and renamed into place, so a reader sees
+    the old dataset or the new one, never a half-written one.
+    """
+    out = Path(out_dir)
+    _swap_in(_write_dataset_tmp(table, out), out)
 
 
 class _Groups:
@@ -760,32 +895,72 @@ def unexplained_nulls(summary: pd.DataFrame) -> list[str]:
     return bad
 
 
-def environment_table(job_json_paths: list[str | Path]) -> pd.DataFrame:
+def environment_table(job_json_paths: list[str | Path],
+                      records: dict[Path, dict] | None = None) -> pd.DataFrame:
     """Every job's environment (job.json) as one row per (job, GPU); join on ``job_id``."""
     from energysweep.envinfo import environment_rows
 
     rows = []
     for p in job_json_paths:
-        rows += environment_rows(json.loads(Path(p).read_text()))
+        record = records[Path(p)] if records is not None else json.loads(Path(p).read_text())
+        rows += environment_rows(record)
     return pd.DataFrame(rows)
 
 
 def aggregate(
     paths: list[str | Path], energy_out: str | Path, summary_out: str | Path,
     jobs: list[str | Path] | None = None, environment_out: str | Path | None = None,
+    snakemake_args: list[str] | None = None,
 ) -> None:
     """Merge shards or job tables (``paths``; same schema) into ``energy_out`` (a hive-partitioned
     Parquet dataset, see
     :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
 
-    With ``jobs`` (job.json paths) and ``environment_out``, also write the environment table.
+    With ``jobs`` (job.json paths), every job table is verified against its job.json first
+    (:func:`merge`); with ``environment_out`` too, also write the environment table.
+
+    All or nothing: everything is read, checked and computed before the first write; each
+    output is written to a temp name beside it, and only when all are written are they renamed
+    into place. A failed merge (a bad job table, a full disk) leaves the previous outputs as
+    they were and no partial file under an output's name.
+
+    Raises:
+        MergeInputError: a job table or job.json is missing, unreadable, or disagrees with its
+            job.json; the message names each, its job, and the command that reruns it.
     """
-    table = merge(paths)
-    write_dataset(table, energy_out)
+    records = load_job_records(jobs, snakemake_args) if jobs is not None else None
+    table = merge(paths, records, snakemake_args)
     summary = summarize(windows(table.select(WINDOW_COLUMNS).to_pandas()))
-    tmp = Path(summary_out).with_suffix(".csv.tmp")
-    summary.to_csv(tmp, index=False)
-    tmp.replace(summary_out)
+    env = None
     if jobs is not None and environment_out is not None:
-        env = environment_table(jobs)
-        shards.write_atomic(pa.Table.from_pandas(env, preserve_index=False), environment_out)
+        env = pa.Table.from_pandas(environment_table(jobs, records), preserve_index=False)
+    energy_out, summary_out = Path(energy_out), Path(summary_out)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        staged.append((_write_dataset_tmp(table, energy_out), energy_out))
+        summary_out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{summary_out.name}-", dir=summary_out.parent)
+        os.close(fd)
+        staged.append((Path(tmp), summary_out))
+        summary.to_csv(tmp, index=False)
+        if env is not None:
+            env_out = Path(environment_out)
+            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{env_out.name}-", dir=env_out.parent)
+            os.close(fd)
+            staged.append((Path(tmp), env_out))
+            import pyarrow.parquet as pq
+
+            pq.write_table(env, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        for tmp_path, out in staged:
+            if tmp_path.is_file():  # mkstemp makes 0600; results are for everyone to read
+                os.chmod(tmp_path, 0o666 & ~umask)
+            _swap_in(tmp_path, out)
+        staged = []
+    finally:
+        for tmp_path, _ in staged:
+            if tmp_path.is_dir():
+                shutil.rmtree(tmp_path, ignore_errors=True)
+            else:
+                tmp_path.unlink(missing_ok=True)

@@ -28,6 +28,23 @@ class LayoutMismatch(RuntimeError):
     """The processes that started do not form the layout the job was created for."""
 
 
+class JobAborted(RuntimeError):
+    """The ranks cannot go on together (a rank failed alone, is stuck or dead): fail the job."""
+
+
+# The default of ``limits.collective_timeout_s`` (config/config.schema.yaml).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+# A separate gloo group for the per-point failure agreement (see :func:`agree`): its collectives
+# never queue behind, or mismatch with, a collective another rank is stuck in on the main group.
+_AGREEMENT_GROUP = None
+# Messages of gloo's (and NCCL's) communication failures: a timed-out or broken collective. After
+# one, the process group is unusable (gloo closes the pairs), so the job cannot go on.
+_COMM_FAILURE_MARKS = (
+    "Timed out waiting", "Connection closed by peer", "pair closure", "Connection reset by peer",
+    "NCCL communicator was aborted", "Watchdog caught collective operation timeout",
+)
+
+
 @dataclass
 class RankContext:
     """Everything a backend needs to know about the rank it runs on."""
@@ -95,11 +112,15 @@ def choose_device(requested: str, local_rank: int) -> str:
 def init(
     layout: ParallelLayout,
     device: str,
-    timeout_s: float = 600,
+    timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
     backend: str = "pytorch",
     gpus_per_node: int | None = None,
 ) -> tuple[int, int, int]:
     """Check the launcher started the layout's world, then start the process group.
+
+    Every collective of the job (main group, the device mesh's TP/PP/DP groups, the agreement
+    group) then fails after ``timeout_s`` (``limits.collective_timeout_s``) instead of waiting
+    forever for a rank that is stuck or dead.
 
     Raises:
         LayoutMismatch: WORLD_SIZE differs from the launcher processes the backend's launch mode
@@ -129,8 +150,43 @@ def init(
             # the NCCL communicator to it eagerly.
             torch.cuda.set_device(torch.device(device))
             kwargs["device_id"] = torch.device(device)
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
+        # Groups created later without a timeout (init_device_mesh's TP/PP/DP groups) take
+        # c10d's module default (30 min), not the default group's: make it ours.
+        from torch.distributed import distributed_c10d
+
+        distributed_c10d.default_pg_timeout = timeout
+        distributed_c10d.default_pg_nccl_timeout = timeout
+        global _AGREEMENT_GROUP
+        _AGREEMENT_GROUP = dist.new_group(backend="gloo", timeout=timeout)
     return rank, local_rank, world
+
+
+def agree(obj) -> list:
+    """Every rank's ``obj`` (all_gather_object) on the agreement group; ``[obj]`` outside one.
+
+    Used once per grid point whatever happened in it, so a rank whose point failed meets the
+    others here, not in the collective they wait in. Fails after the collective timeout if a rank
+    never arrives (stuck in a collective of the main group, hung, or dead).
+    """
+    import torch.distributed as dist
+
+    if _AGREEMENT_GROUP is None or not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj, group=_AGREEMENT_GROUP)
+    return out
+
+
+def is_communication_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed collective (timeout, peer gone): the job cannot go on."""
+    import torch.distributed as dist
+
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    return any(mark in text for mark in _COMM_FAILURE_MARKS)
 
 
 def make_context(
@@ -210,7 +266,9 @@ def check_world(
 
 
 def destroy() -> None:
+    global _AGREEMENT_GROUP
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _AGREEMENT_GROUP = None

@@ -25,14 +25,18 @@ Everything is an argv list: no value ever passes through a shell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
+from energysweep import procs
 from energysweep.config import config_hash
 from energysweep.envinfo import code_version
 from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
@@ -207,24 +211,93 @@ def _restage(outputs, staging: Path, base: Path):
     return str(staging / Path(outputs).resolve().relative_to(base))
 
 
+DEFAULT_LIMITS = {
+    # Defaults of config `limits:` (config/config.schema.yaml); the measure step passes the
+    # config's values.
+    "job_timeout_s": 21600.0,
+    "collective_timeout_s": 600.0,
+    "kill_grace_s": 10.0,
+}
+# Signals that stop a running job as a whole: Slurm's scancel and TIMEOUT (SIGTERM), Ctrl-C
+# (SIGINT), a closed terminal (SIGHUP).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class JobFailed(RuntimeError):
+    """A measure job did not complete; nothing of it was published."""
+
+
+class JobInterrupted(JobFailed):
+    """The measure step got a stop signal (scancel, Slurm TIMEOUT, Ctrl-C) while the job ran."""
+
+
+@contextlib.contextmanager
+def _stop_signals_raise():
+    """While the job runs, a stop signal raises :class:`JobInterrupted` (once) in this thread.
+
+    Yields a function that disarms it: once the job is being stopped, a signal must not
+    interrupt the teardown. Only the main thread can own signal handlers; elsewhere (a test
+    calling run_job from a thread) the signals keep their handlers.
+    """
+    armed = [True]
+
+    def disarm() -> None:
+        armed[0] = False
+
+    if threading.current_thread() is not threading.main_thread():
+        yield disarm
+        return
+
+    def handler(signum, _frame):
+        if armed[0]:
+            armed[0] = False
+            raise JobInterrupted(f"got {signal.Signals(signum).name}")
+
+    old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield disarm
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
 def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: int,
-            timeout_s: float | None = None) -> None:
+            timeout_s: float | None = None, limits: dict | None = None) -> None:
     """Write the spec, start the job's processes, and publish its outputs only if all succeeded.
 
     The ranks write into a hidden staging directory next to the outputs; the files move to their
     final names (job.json last) only after every process exited 0. A job that fails or is killed
     (scancel, SIGKILL of a rank, node failure) therefore leaves no shard under a name that
     aggregation reads.
+
+    The job's processes are one unit (energysweep.procs): on a rank's failure, on the job
+    timeout, or on a stop signal to this process (SIGTERM from scancel or Slurm's TIMEOUT,
+    SIGINT from Ctrl-C), every one of them gets SIGTERM and, ``kill_grace_s`` later, SIGKILL;
+    then the staging directory is removed and :class:`JobFailed` says why.
+
+    Args:
+        limits: ``job_timeout_s``, ``collective_timeout_s`` and ``kill_grace_s`` (config
+            ``limits:``); missing keys take :data:`DEFAULT_LIMITS`. They are passed to the ranks
+            in the spec but are not part of the config hash: a limit changes no measurement.
+        timeout_s: overrides ``limits["job_timeout_s"]``.
+
+    Raises:
+        JobFailed: the command exited non-zero, ran past the timeout, left outputs missing, or
+            the step was interrupted (:class:`JobInterrupted`).
     """
+    limits = {**DEFAULT_LIMITS, **(limits or {})}
+    if timeout_s is not None:
+        limits["job_timeout_s"] = timeout_s
     layout = ParallelLayout(spec["job"]["tp"], spec["job"]["pp"], spec["job"]["dp"])
     # The hash covers what determines this job's numbers (not where its outputs go), so rows of
     # jobs that ran the same settings share it; the code version is read where the job runs.
-    settings = {k: v for k, v in spec.items() if k not in ("outputs", "job_id")}
+    settings = {k: v for k, v in spec.items() if k not in ("outputs", "job_id", "limits")}
     spec = {
         **spec,
         "job_id": spec.get("job_id") or uuid.uuid4().hex,
         "config_hash": config_hash(settings),
         "code_version": code_version(),
+        "limits": limits,
     }
     final = spec["outputs"]
     base = Path(spec_path).resolve().parent
@@ -248,23 +321,56 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
     ranks_here = layout.world_size // layout.nodes(gpus_per_node)
     env = build_env(layout, threads=cpus // max(1, ranks_here), backend=spec["job"]["backend"],
                     slurm_job_id=slurm_id)
+    what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
+    timeout = float(limits["job_timeout_s"])
+    grace = float(limits["kill_grace_s"])
+    proc = None
     try:
-        proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout_s)
-        if proc.returncode != 0:
-            raise RuntimeError(f"job {spec['job']} failed: {argv[0]} exited {proc.returncode}")
-        staged, targets = _paths(spec["outputs"]), _paths(final)
-        missing = [s for s in staged if not Path(s).exists()]
-        if missing:
-            raise RuntimeError(f"job {spec['job']} exited 0 but did not write {missing}")
-        # job.json last: its presence marks a complete job.
-        pairs = sorted(zip(staged, targets, strict=True), key=lambda st: st[1].endswith("job.json"))
+        with _stop_signals_raise() as disarm:
+            try:
+                proc = procs.start(argv, env, log, spec["job_id"])
+                try:
+                    rc = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise JobFailed(
+                        f"{what} ran longer than limits.job_timeout_s={timeout:g} s: stopped all "
+                        "its processes; nothing of it was published"
+                    ) from None
+                if rc != 0:
+                    raise JobFailed(
+                        f"{what} failed: {argv[0]} exited {rc} (the ranks' errors are above); "
+                        "nothing of it was published"
+                    )
+            except JobInterrupted as exc:
+                raise JobInterrupted(
+                    f"{what} interrupted ({exc}): stopped all its processes; nothing of it was "
+                    "published"
+                ) from None
+            finally:
+                disarm()
+                # Also after a clean exit: a rank's helper or engine worker may linger.
+                procs.stop(proc, spec["job_id"], grace, log)
+        _publish(spec["outputs"], final, what)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staged_outputs, final_outputs, what: str) -> None:
+    """Move the staged outputs to their final names, job.json last (it marks a complete job)."""
+    staged, targets = _paths(staged_outputs), _paths(final_outputs)
+    missing = [s for s in staged if not Path(s).exists()]
+    if missing:
+        raise JobFailed(f"{what} exited 0 but did not write {missing}")
+    pairs = sorted(zip(staged, targets, strict=True), key=lambda st: st[1].endswith("job.json"))
+    # A stop signal now would leave some outputs published and not others: hold it until done.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
         for src, dst in pairs:
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def replica_main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from energysweep import dist, shards
+from energysweep import dist, faults, procs, shards
 from energysweep.energy import (
     STATUS_NOT_MEASURED,
     STATUS_NOT_READ,
@@ -313,6 +313,7 @@ class Measurer:
         self.clock = monitor.clock
         self.sleep = monitor.sleep
         self.min_window_s = float(self.m.get("min_window_s", 0.0))
+        self.collective_timeout_s = collective_timeout_s(spec)
         self.cpu = CpuTime()
         self.window_ns_total = 0
         self.generations: list[dict] = []
@@ -399,17 +400,52 @@ class Measurer:
         w = self.measured(step, min_iters, self.backend.synchronize)
         return {**w, **tokens}
 
-    def agree_on_failure(self, error: tuple[str, str] | None, bs: int,
-                         windows: list[list[dict]]) -> list[list[dict]]:
-        """``windows``, or failed rows for every repetition if any rank's point failed.
+    def point_error(self, exc: BaseException, oom: bool) -> tuple[str, str, bool]:
+        """What :meth:`agree_on_failure` needs of a point's exception: (status, message, fatal).
 
-        Collective: every rank must agree whether the point failed, or the shards would disagree.
+        Fatal: a collective failed (timed out, peer gone); the process group is then unusable.
         """
-        errors = [e for e in dist.gather(error) if e is not None]
-        if not errors:
+        traceback.print_exc()
+        return ("oom" if oom else "error", f"{type(exc).__name__}: {exc}",
+                dist.is_communication_failure(exc))
+
+    def agree_on_failure(self, error: tuple[str, str, bool] | None, bs: int,
+                         windows: list[list[dict]]) -> list[list[dict]]:
+        """``windows``, or failed rows for every repetition if every rank's point failed.
+
+        Collective on the agreement group (:func:`energysweep.dist.agree`), which every rank
+        reaches once per point whatever happened in it. A point that failed on *every* rank (an
+        OOM at this batch size, a bad batch) becomes that point's status and the job goes on. A
+        point that failed on some ranks only, or in a collective, means the others are (or were)
+        waiting in a collective the failed rank never joined: the ranks are out of step, so the
+        job aborts (:class:`energysweep.dist.JobAborted`). A rank that does not arrive within
+        ``limits.collective_timeout_s`` (stuck or dead) aborts the job too.
+
+        Raises:
+            energysweep.dist.JobAborted: naming the ranks, their errors and the batch size.
+        """
+        try:
+            outcomes = dist.agree(error)
+        except Exception as exc:
+            mine = f"this rank's point failed: {error[1]}" if error else "this rank's point is done"
+            raise dist.JobAborted(
+                f"rank {self.ctx.rank}: the ranks did not agree on batch size {bs} within "
+                f"limits.collective_timeout_s={self.collective_timeout_s:g} s; another rank is "
+                f"stuck or dead ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); {mine}. "
+                "Aborting the job"
+            ) from exc
+        failed = {rank: e for rank, e in enumerate(outcomes) if e is not None}
+        if not failed:
             return windows
-        status = "oom" if any(s == "oom" for s, _ in errors) else "error"
-        msg = "; ".join(sorted({m for _, m in errors}))[:2000]
+        msg = "; ".join(sorted({e[1] for e in failed.values()}))[:2000]
+        if len(failed) < len(outcomes) or any(e[2] for e in failed.values()):
+            raise dist.JobAborted(
+                f"batch size {bs} failed on rank(s) {sorted(failed)} of {len(outcomes)}: {msg}. "
+                "A failure on some ranks only, or in a collective, leaves the ranks' collectives "
+                "out of step, so the job cannot go on (a failure every rank sees, such as an OOM "
+                "at this batch size, is recorded as the point's status instead). Aborting the job"
+            )
+        status = "oom" if any(e[0] == "oom" for e in failed.values()) else "error"
         return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl["repetitions"])]
 
     def _rows(self, bs: int, rep: int, phase: str, w: dict) -> list[dict]:
@@ -453,6 +489,7 @@ class Measurer:
         windows: list[list[dict]] = []
         error = None
         try:
+            faults.inject(self.ctx.rank, bs, "inference")  # test-only; off unless env var set
             batches = self._batches(bs)
             for it in range(self.wl["warmup_iterations"]):
                 self._generate(batches[it % len(batches)][1], self.wl["output_tokens"])
@@ -469,10 +506,8 @@ class Measurer:
                         {"batch_size": bs, "dp_rank": self.ctx.coords.dp_rank, **r} for r in record
                     ]
                 windows.append(rows)
-        except Exception as exc:  # recorded per point; the job continues with the next batch size
-            status = "oom" if self.backend.is_oom(exc) else "error"
-            error = (status, f"{type(exc).__name__}: {exc}")
-            traceback.print_exc()
+        except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
+            error = self.point_error(exc, self.backend.is_oom(exc))
         return self.agree_on_failure(error, bs, windows)
 
     def close(self) -> None:
@@ -518,6 +553,12 @@ def _finalize_window(rows_by_rank: list[list[dict]]) -> list[dict]:
     return rows
 
 
+def collective_timeout_s(spec: dict) -> float:
+    """``limits.collective_timeout_s`` of the job (launch.run_job puts ``limits`` in the spec)."""
+    limits = spec.get("limits") or {}
+    return float(limits.get("collective_timeout_s") or dist.DEFAULT_COLLECTIVE_TIMEOUT_S)
+
+
 def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
     """Process group, rank context, audit of the world, seeds: (ctx, audits, seeds)."""
     job = spec["job"]
@@ -531,7 +572,7 @@ def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
 
         # Ranks share the node's cores; without this every rank spawns one thread per core.
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    dist.init(layout, device, **where)
+    dist.init(layout, device, timeout_s=collective_timeout_s(spec), **where)
     ctx = dist.make_context(
         layout, device, model_dir=spec["model_dir"], dtype=spec["dtype"], seed=spec["seed"],
         max_input_tokens=spec["workload"]["max_input_tokens"], extra={"spec": spec}, **where,
@@ -556,7 +597,7 @@ def _write_generations(generations: list[list[dict]], path: str) -> None:
 
 
 def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds: dict,
-                      timing: dict) -> None:
+                      timing: dict, job_table_rows: int | None = None) -> None:
     from energysweep.envinfo import job_environment
 
     record = {
@@ -572,6 +613,9 @@ def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds
         "engine": spec.get("engine"),  # engine jobs only (config `engine:`)
         "seed": spec["seed"],
         "timing": timing,
+        # What the merge checks the job table against (aggregate.merge).
+        "job_table_rows": job_table_rows,
+        "schema_version": shards.SCHEMA_VERSION,
     }
     path = spec["outputs"]["job_json"]
     tmp = Path(path).with_suffix(".json.tmp")
@@ -637,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         monitor.start(backend.synchronize)
     outputs = spec["outputs"]
     job_tables = []  # rank 0: every shard of the job, for the job table
+    job_table_rows = None
     for bs in spec["batch_sizes"]:
         for rep, rows in enumerate(measurer.point(bs)):
             gathered = dist.gather(rows)
@@ -646,7 +691,9 @@ def main(argv: list[str] | None = None) -> int:
                 job_tables.append(table)
     if ctx.rank == 0 and outputs.get("job_table"):
         # The same rows in one file: what the merge reads (one file per job, not per window).
-        shards.write_atomic(shards.concat(job_tables), outputs["job_table"])
+        job_table = shards.concat(job_tables)
+        shards.write_atomic(job_table, outputs["job_table"])
+        job_table_rows = job_table.num_rows
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(measurer.generations)
     window_ns = dist.gather(measurer.window_ns_total)
@@ -660,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             "idle_baseline_s": monitor.idle_window_s,
             "window_s": window_ns[0] / 1e9,
             "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
-        })
+        }, job_table_rows)
     measurer.energy.close()  # a scenario's measurer may own its own source (closing is idempotent)
     measurer.close()
     monitor.close()
@@ -673,5 +720,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry(argv: list[str] | None = None) -> int:
+    """``python -m energysweep.run``: :func:`main`, bound to its launcher's life.
+
+    A rank that fails exits at once, after printing its traceback: interpreter teardown could
+    block on a process group whose peers are stuck, and the launcher (torchrun) stops the other
+    ranks as soon as one exits non-zero.
+    """
+    procs.die_with_parent()  # a rank never outlives its launcher (torchrun, the measure step)
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # every way out: the rank's error is in the job's log
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

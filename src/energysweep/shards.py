@@ -172,8 +172,28 @@ def read_shard(path: str | Path) -> pa.Table:
     # small files of a sweep, bench/merge_scaling.py).
     table = pq.ParquetFile(path).read(use_threads=False)
     if not table.schema.equals(SCHEMA, check_metadata=False):
-        raise ShardError(f"{path}: schema differs from energysweep.shards.SCHEMA v{SCHEMA_VERSION}")
+        raise ShardError(f"{path}: schema differs from energysweep.shards.SCHEMA v{SCHEMA_VERSION}"
+                         f" ({schema_difference(table.schema)})")
     return table
+
+
+def schema_difference(schema: pa.Schema) -> str:
+    """How ``schema`` differs from :data:`SCHEMA`: missing, extra and retyped columns."""
+    ours = {f.name: f for f in SCHEMA}
+    theirs = {f.name: f for f in schema}
+    parts = []
+    if missing := [n for n in ours if n not in theirs]:
+        parts.append(f"missing columns {missing}")
+    if extra := [n for n in theirs if n not in ours]:
+        parts.append(f"extra columns {extra}")
+    changed = [f"{n}: {theirs[n].type} (nullable={theirs[n].nullable}), expected "
+               f"{ours[n].type} (nullable={ours[n].nullable})"
+               for n in ours if n in theirs and not theirs[n].equals(ours[n])]
+    if changed:
+        parts.append("changed " + "; ".join(changed))
+    if not parts and schema.names != SCHEMA.names:
+        parts.append("columns in another order")
+    return ", ".join(parts) or "field metadata differs"
 
 
 def markdown_table() -> str:

@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import gc
 import logging
-import traceback
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from energysweep import dist
+from energysweep import dist, faults
 from energysweep.grid import ParallelLayout
 from energysweep.run import PHASE_GENERATE, Measurer, _prompt_indices
 
@@ -632,6 +631,7 @@ class TrainingMeasurer(Measurer):
         error = None
         trainer = None
         try:
+            faults.inject(self.ctx.rank, bs, "training")  # test-only; off unless env var set
             trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
             for _ in range(self.cfg["warmup_steps"]):
                 trainer.step()
@@ -644,10 +644,8 @@ class TrainingMeasurer(Measurer):
                 windows.append([{**r, "loss": w["loss"]} for r in self._rows(bs, rep, PHASE, w)])
         except dist.LayoutMismatch:
             raise
-        except Exception as exc:  # recorded per point; the job continues with the next batch size
-            status = "oom" if _is_oom(exc) else "error"
-            error = (status, f"{type(exc).__name__}: {exc}")
-            traceback.print_exc()
+        except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
+            error = self.point_error(exc, _is_oom(exc))
         finally:
             if trainer is not None:
                 trainer.close()

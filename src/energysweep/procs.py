@@ -1,0 +1,142 @@
+"""The processes of one measure job as one unit: start, find, and stop all of them.
+
+A job's processes do not share a process group: torchrun starts every rank in a session of its
+own (``start_new_session``), and engines spawn workers of their own. What they all share is their
+environment, inherited from the measure step: :func:`start` sets ``ENERGYSWEEP_JOB_MARK`` to the
+job's id, and :func:`marked` finds every live process that carries it (``/proc/PID/environ``),
+wherever it was reparented. :func:`stop` sends SIGTERM to all of them, and SIGKILL after a grace
+period to those still alive.
+
+Should the measure step itself be SIGKILLed (no handler runs), the kernel stops the rest: the
+launched command gets SIGTERM when the measure step dies (``PR_SET_PDEATHSIG``), torchrun then
+stops its ranks, and every rank gets SIGKILL when its launcher dies (:func:`die_with_parent`,
+called first thing in ``energysweep.run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARK_VAR = "ENERGYSWEEP_JOB_MARK"
+_PR_SET_PDEATHSIG = 1
+
+
+def _set_pdeathsig(sig: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent (its launcher) dies.
+
+    If the parent is already gone (reparented to init), exit now: nobody supervises this rank.
+    """
+    parent = os.getppid()
+    _set_pdeathsig(sig)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def start(argv: list[str], env: dict, log, mark: str) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own, marked with ``mark``, output to ``log``.
+
+    Its own session: a terminal's Ctrl-C or a signal to Snakemake's process group reaches only
+    the measure step, whose handler then stops the job as a whole (:func:`stop`). The launched
+    command is sent SIGTERM by the kernel if the measure step dies without stopping it.
+    """
+    env = {**env, MARK_VAR: mark}
+    return subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=lambda: _set_pdeathsig(signal.SIGTERM),
+    )
+
+
+def _state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0]  # the comm field may hold spaces and parentheses
+
+
+def marked(mark: str) -> list[int]:
+    """Pids of live processes (not zombies) whose environment holds ``MARK_VAR=mark``."""
+    needle = f"{MARK_VAR}={mark}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0") and _state(pid) not in (None, "Z", "X"):
+            found.append(pid)
+    return sorted(found)
+
+
+def _signal(pids, sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> list[int]:
+    """Stop every process of the job: SIGTERM, then SIGKILL after ``grace_s`` seconds.
+
+    Args:
+        proc: the launched command (its session leader); None if it may not have started.
+        mark: the job's mark (:func:`start`).
+        grace_s: how long processes may take to exit after SIGTERM (``limits.kill_grace_s``).
+        log: where to say what was stopped.
+
+    Returns:
+        The pids that were still alive after the grace period (and were SIGKILLed).
+    """
+    running = (lambda: proc.poll() is None) if proc is not None else (lambda: False)
+
+    def alive() -> list[int]:
+        pids = set(marked(mark))
+        if running():
+            pids.add(proc.pid)
+        return sorted(pids)
+
+    pids = alive()
+    if pids and log is not None:
+        print(f"stopping the job's processes {pids}: SIGTERM, SIGKILL after {grace_s:g} s",
+              file=log, flush=True)
+    if running():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = alive()  # running() reaps the launched command as soon as it exits
+    killed = pids
+    if killed:
+        if log is not None:
+            print(f"still alive after {grace_s:g} s: SIGKILL to {killed}", file=log, flush=True)
+        if running():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        _signal(killed, signal.SIGKILL)
+    if proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(5.0, grace_s))
+    # SIGKILL cannot be ignored; wait (bounded) until the kernel has removed them.
+    deadline = time.monotonic() + 10
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return killed

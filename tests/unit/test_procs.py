@@ -1,0 +1,186 @@
+"""A job's processes are one unit: found by their mark, stopped together, never outliving it.
+
+Real processes: a launcher that starts a child in a session of its own (as torchrun starts its
+ranks) and a grandchild that ignores SIGTERM (as a wedged rank might).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from energysweep import launch, procs
+
+# The launcher: starts a child in a new session that starts a grandchild ignoring SIGTERM, writes
+# their pids to argv[1], then sleeps (or exits with argv[2] after a moment).
+TREE = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    out, exit_code = sys.argv[1], int(sys.argv[2])
+    grandchild = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "print('ready', flush=True); time.sleep(600)")
+    child = ("import subprocess, sys, time; "
+             f"p = subprocess.Popen([sys.executable, '-c', {grandchild!r}], "
+             "stdout=subprocess.PIPE, text=True); p.stdout.readline(); "
+             "print(p.pid, flush=True); time.sleep(600)")
+    c = subprocess.Popen([sys.executable, "-c", child], start_new_session=True,
+                         stdout=subprocess.PIPE, text=True)
+    gc = int(c.stdout.readline())
+    with open(out + ".tmp", "w") as fh:
+        json.dump({"launcher": os.getpid(), "child": c.pid, "grandchild": gc}, fh)
+    os.replace(out + ".tmp", out)
+    if exit_code >= 0:
+        time.sleep(0.5)
+        sys.exit(exit_code)
+    time.sleep(600)
+""")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_for(path: Path, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def tree_script(tmp_path):
+    path = tmp_path / "tree.py"
+    path.write_text(TREE)
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_stop_reaches_other_sessions_and_kills_after_grace(tmp_path, tree_script):
+    mark = uuid.uuid4().hex
+    pids_file = tmp_path / "pids.json"
+    with open(tmp_path / "log", "w") as log:
+        proc = procs.start([sys.executable, str(tree_script), str(pids_file), "-1"],
+                           dict(os.environ), log, mark)
+        pids = wait_for(pids_file)
+        assert set(procs.marked(mark)) == set(pids.values())
+        t0 = time.monotonic()
+        killed = procs.stop(proc, mark, grace_s=1.0, log=log)
+        elapsed = time.monotonic() - t0
+    assert killed == [pids["grandchild"]]  # the only one that ignored SIGTERM
+    assert not any(alive(p) for p in pids.values())
+    assert procs.marked(mark) == []
+    assert 1.0 <= elapsed < 15
+    text = (tmp_path / "log").read_text()
+    assert "SIGTERM, SIGKILL after 1 s" in text and "SIGKILL to" in text
+
+
+@pytest.mark.timeout(120)
+def test_launched_command_dies_with_the_measure_step(tmp_path, tree_script):
+    """SIGKILL of the process that started the job (no handler runs): the kernel stops it."""
+    mark = uuid.uuid4().hex
+    pids_file = tmp_path / "pids.json"
+    starter = tmp_path / "starter.py"
+    starter.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(Path(procs.__file__).parents[1])!r})
+        from energysweep import procs
+        procs.start([sys.executable, {str(tree_script)!r}, {str(pids_file)!r}, "-1"],
+                    dict(os.environ), sys.stdout, {mark!r})
+        time.sleep(600)
+    """))
+    import subprocess
+
+    starter_proc = subprocess.Popen([sys.executable, str(starter)])
+    try:
+        pids = wait_for(pids_file)
+        os.kill(starter_proc.pid, signal.SIGKILL)
+        starter_proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while alive(pids["launcher"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pids["launcher"]), "the launched command outlived its measure step"
+    finally:
+        starter_proc.kill()
+        # What PDEATHSIG cannot reach (the launcher's own children) the measure step's sweep
+        # does; here the test cleans up with the same function.
+        procs.stop(None, mark, grace_s=0)
+    assert procs.marked(mark) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("exit_code", "timeout_s", "match"), [
+    (-1, 2.0, r"ran longer than limits\.job_timeout_s=2 s"),
+    (3, 60.0, "exited 3"),
+    (0, 60.0, None),
+])
+def test_run_job_leaves_no_process_and_publishes_only_success(
+    tmp_path, tree_script, monkeypatch, exit_code, timeout_s, match
+):
+    """run_job on a stand-in command (any layout's argv is started the same way)."""
+    pids_file = tmp_path / "pids.json"
+    out = tmp_path / "job"
+
+    def fake_argv(layout, backend, spec_path, gpus_per_node, **kw):
+        # The stand-in writes the staged job.json, as rank 0 does, then behaves as told.
+        write = (f"import json, pathlib; s = json.load(open({str(spec_path)!r})); "
+                 "p = pathlib.Path(s['outputs']['job_json']); "
+                 "p.parent.mkdir(parents=True, exist_ok=True); p.write_text('{}'); ")
+        return [sys.executable, "-c",
+                write + f"import runpy, sys; sys.argv = ['tree', {str(pids_file)!r}, "
+                f"'{exit_code}']; runpy.run_path({str(tree_script)!r}, run_name='__main__')"]
+
+    monkeypatch.setattr(launch, "build_argv", fake_argv)
+    spec = {"job": {"model": "m", "backend": "pytorch", "scenario": "inference",
+                    "tp": 1, "pp": 1, "dp": 1},
+            "outputs": {"job_json": str(out / "job.json")}}
+    log_path = tmp_path / "job.log"
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        if match is None:
+            launch.run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=1,
+                           limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5})
+        else:
+            with pytest.raises(launch.JobFailed, match=match) as info:
+                launch.run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=1,
+                               limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5})
+            assert "nothing of it was published" in str(info.value)
+    elapsed = time.monotonic() - t0
+    pids = wait_for(pids_file, timeout=1)
+    assert not any(alive(p) for p in pids.values()), "a process outlived its job"
+    written = json.loads((out / ".spec.json").read_text())
+    assert procs.marked(written["job_id"]) == []
+    assert (out / "job.json").exists() == (match is None)
+    assert not list(out.glob(".staging-*"))
+    assert elapsed < timeout_s + 20
+    assert written["limits"]["job_timeout_s"] == timeout_s
+    assert written["limits"]["collective_timeout_s"] == launch.DEFAULT_LIMITS[
+        "collective_timeout_s"]
+
+
+def test_limits_do_not_change_the_config_hash(tmp_path, monkeypatch):
+    def fake_argv(layout, backend, spec_path, gpus_per_node, **kw):
+        return [sys.executable, "-c", "raise SystemExit(1)"]
+
+    monkeypatch.setattr(launch, "build_argv", fake_argv)
+    spec = {"job": {"model": "m", "backend": "pytorch", "scenario": "inference",
+                    "tp": 1, "pp": 1, "dp": 1}, "outputs": {"job_json": str(tmp_path / "j")}}
+    hashes = []
+    for limits in ({"job_timeout_s": 5}, {"job_timeout_s": 9, "kill_grace_s": 1}):
+        with open(tmp_path / "log", "w") as log, pytest.raises(launch.JobFailed):
+            launch.run_job(spec, tmp_path / ".spec.json", log, 1, 1, limits=limits)
+        written = json.loads((tmp_path / ".spec.json").read_text())
+        assert written["limits"]["job_timeout_s"] == limits["job_timeout_s"]
+        hashes.append(written["config_hash"])
+    assert hashes[0] == hashes[1]

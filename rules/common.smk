@@ -184,7 +184,8 @@ def get_final_outputs():
 
 def get_mem_mb(wildcards, attempt):
     """Host memory per node (sbatch --mem); a retry after an OOM kill asks for more, at most
-    parallel.mem_mb_per_node (more could never be granted: the job would wait for ever)."""
+    parallel.mem_mb_per_node (more could never be granted: the job would wait for ever).
+    """
     mem = get_node_request(wildcards).mem_mb_per_node * attempt
     cap = config["parallel"].get("mem_mb_per_node")
     return min(mem, cap) if cap else mem

@@ -61,10 +61,15 @@ $(VLLM_STAMP): envs/vllm-ranks.txt
 	echo "$(VLLM_VENV) built in $$(( $$(date +%s) - start )) s"; \
 	touch $@
 
+# The local profile uses no Slurm, yet Snakemake's Slurm plugin runs `scontrol show config` when it
+# loads: ~9 s where Slurm's client tools and config exist but no controller answers, a DNS query
+# where no slurm.conf exists. An empty config makes it fail in milliseconds, offline.
+NO_SLURM := SLURM_CONF=/dev/null
+
 run: $(STAMP) $(VLLM_STAMP)
-	$(SNAKEMAKE) --profile profiles/local
+	$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local
 	@if [ ! results/report.html -nt results/summary.csv ] || [ ! results/report.html -nt results/plots/energy_per_token.png ]; then \
-		$(SNAKEMAKE) --profile profiles/local --report results/report.html; \
+		$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local --report results/report.html; \
 	fi
 	@echo "report: $(CURDIR)/results/report.html  (summary: results/summary.csv)"
 
@@ -72,12 +77,12 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(SNAKEMAKE) --lint
+	$(NO_SLURM) $(SNAKEMAKE) --lint
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/snakefmt --check Snakefile rules
 
 dryrun: $(STAMP)
-	$(SNAKEMAKE) -n --profile profiles/local
+	$(NO_SLURM) $(SNAKEMAKE) -n --profile profiles/local
 
 slurm-up:
 	bash cluster/slurm-local.sh up

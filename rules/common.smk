@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from energysweep import config as es_config
 from energysweep import environments as es_environments
 from energysweep.envinfo import code_version
-from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
+from energysweep.grid import BACKENDS, ParallelLayout, launch_mode, node_request
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -31,6 +31,8 @@ es_config.check(
 )
 
 GRID = es_config.build_grid(config, Path.cwd())
+# A layout asking one node for more CPUs/memory than it has would wait for ever: refuse it now.
+es_config.check_node_fit(config, GRID)
 CONFIG_HASH = es_config.config_hash(config)
 CODE_VERSION = code_version(workflow.basedir)
 MODELS = {m["name"]: m for m in config["models"]}
@@ -57,6 +59,20 @@ wildcard_constraints:
 
 def world_size(wildcards):
     return int(wildcards.tp) * int(wildcards.pp) * int(wildcards.dp)
+
+
+def get_node_request(wildcards):
+    """What each node of this job is asked for (energysweep.grid.node_request)."""
+    layout = ParallelLayout(int(wildcards.tp), int(wildcards.pp), int(wildcards.dp))
+    return node_request(wildcards.backend, layout, config["parallel"]["gpus_per_node"])
+
+
+def get_threads(wildcards):
+    """CPUs per Slurm task (--cpus-per-task): one per rank on a node, over the node's tasks.
+
+    Per node, not per job: a 2-node job of 8 ranks asks each node for 4 CPUs, not 8.
+    """
+    return get_node_request(wildcards).cpus_per_task
 
 
 def get_nodes(wildcards):
@@ -181,15 +197,13 @@ def get_final_outputs():
     ]
 
 
-MEM_MB_PER_RANK = (
-    2000  # host RAM one rank needs beyond its GPU (tokenizer, loader, buffers)
-)
-
-
 def get_mem_mb(wildcards, attempt):
-    """Host memory per node (sbatch --mem); a retry after an OOM kill asks for more."""
-    ranks_per_node = world_size(wildcards) // get_nodes(wildcards)
-    return MEM_MB_PER_RANK * ranks_per_node * attempt
+    """Host memory per node (sbatch --mem); a retry after an OOM kill asks for more, at most
+    parallel.mem_mb_per_node (more could never be granted: the job would wait for ever).
+    """
+    mem = get_node_request(wildcards).mem_mb_per_node * attempt
+    cap = config["parallel"].get("mem_mb_per_node")
+    return min(mem, cap) if cap else mem
 
 
 # Snakemake reads an input/params/resources function's signature (inspect.signature) each time it
@@ -201,6 +215,8 @@ import inspect
 
 for _func in (
     world_size,
+    get_node_request,
+    get_threads,
     get_nodes,
     get_gpu,
     get_gres,

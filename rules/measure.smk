@@ -22,7 +22,7 @@ rule measure:
         f"logs/measure/{PARAMS.wildcard_pattern}.log",
     conda:
         get_conda_env
-    threads: world_size
+    threads: get_threads
     resources:
         gpu=get_gpu,
         gres=get_gres,

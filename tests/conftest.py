@@ -14,7 +14,18 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 VENV_BIN = Path(sys.executable).parent
 
-from slurm_fixtures import slurm_cluster  # noqa: E402,F401  (session fixture: real local Slurm)
+from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one mode at a time)
+    order_multinode_last,
+    slurm_cluster,
+    slurm_multinode,
+    slurm_switch,
+    slurm_three_nodes,
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    # Single-node and multi-node clusters cannot run at once: group tests by mode.
+    order_multinode_last(items)
 
 
 @pytest.fixture
@@ -61,8 +72,20 @@ def workflow_copy(tmp_path: Path) -> Path:
     return dst
 
 
-def test_env() -> dict:
+def test_env(slurm: bool = False) -> dict:
+    """Environment for a snakemake (or rank) subprocess; ``slurm`` for runs that submit to Slurm.
+
+    Snakemake imports its Slurm executor plugin at start-up, and the plugin runs
+    ``scontrol show config``: with Slurm's client tools installed but no controller answering,
+    that waits ~9 s; with no slurm.conf it asks DNS for ``_slurmctld._tcp`` (traffic off the
+    machine). A run that uses no Slurm points scontrol at an empty config: it fails in
+    milliseconds, offline (see README, "Snakemake start-up and Slurm").
+    """
     env = dict(os.environ)
+    if slurm:
+        env.pop("SLURM_CONF", None)  # the cluster's /etc/slurm (the jobstep plugin needs it)
+    else:
+        env["SLURM_CONF"] = os.devnull
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT / "src")
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from energysweep.grid import Grid, ModelDims, expand_grid
+from energysweep.grid import Grid, ModelDims, expand_grid, node_request
 
 BUILTIN_TINY = "builtin:tiny"
 # A checkpoint path may only hold these characters: it is passed on argv, never through a shell,
@@ -199,6 +199,38 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         engine=config.get("engine"),
         on_cpu=runs_on_cpu(measurement.get("device", "auto")),
     )
+
+
+def check_node_fit(config: dict, grid: Grid) -> None:
+    """Refuse a grid whose jobs ask one node for more CPUs or memory than a node has.
+
+    Such a job would stay PENDING for ever (Slurm: ``Reason=PartitionConfig``) and Snakemake would
+    wait without end, so it is an error before anything is submitted, naming every such layout
+    and the limit. Limits are ``parallel.cpus_per_node`` and ``parallel.mem_mb_per_node``; unset
+    (null) means not checked.
+    """
+    par = config["parallel"]
+    cpus, mem = par.get("cpus_per_node"), par.get("mem_mb_per_node")
+    problems = []
+    for job in grid.jobs:
+        req = node_request(job.backend, job.layout, par["gpus_per_node"])
+        where = (f"layout {job.layout} ({job.backend}, {job.scenario}) puts {req.ranks_per_node} "
+                 f"ranks on each of its {req.nodes} node(s) (parallel.gpus_per_node="
+                 f"{par['gpus_per_node']})")
+        if cpus is not None and req.cpus_per_node > cpus:
+            problems.append(
+                f"config key parallel.cpus_per_node: {where} and asks each for "
+                f"{req.cpus_per_node} CPUs (one per rank), but a node has {cpus}; lower "
+                "parallel.gpus_per_node to spread the ranks over more nodes, or drop the layout"
+            )
+        if mem is not None and req.mem_mb_per_node > mem:
+            problems.append(
+                f"config key parallel.mem_mb_per_node: {where} and asks each for "
+                f"{req.mem_mb_per_node} MB, but a node has {mem} MB; lower "
+                "parallel.gpus_per_node, or drop the layout"
+            )
+    if problems:
+        raise ConfigError("invalid config (no job was submitted):\n  " + "\n  ".join(problems))
 
 
 def config_hash(config: dict) -> str:

@@ -229,6 +229,42 @@ def launch_mode(backend: str, layout: ParallelLayout, gpus_per_node: int | None 
     return caps["launch_multi_node"]
 
 
+# Host RAM one rank needs beyond its GPU (tokenizer, loader, buffers): sbatch --mem per node is
+# this times the ranks on the node.
+MEM_MB_PER_RANK = 2000
+
+
+@dataclass(frozen=True)
+class NodeRequest:
+    """What one node of a job is asked for: the job's ranks spread evenly over its nodes.
+
+    One CPU and one GPU per rank (GPU worker), ``MEM_MB_PER_RANK`` host RAM per rank. Slurm
+    grants CPUs as ``--cpus-per-task`` times the tasks on a node, so ``cpus_per_task`` is the
+    node's CPUs over its tasks: one task per node under torchrun (one torchrun each), one task per
+    MPI rank under mpi, one task in all on a single node.
+    """
+
+    nodes: int
+    ranks_per_node: int
+    tasks_per_node: int
+    cpus_per_node: int
+    gpus_per_node: int
+    mem_mb_per_node: int
+
+    @property
+    def cpus_per_task(self) -> int:
+        return max(1, self.cpus_per_node // self.tasks_per_node)
+
+
+def node_request(backend: str, layout: ParallelLayout, gpus_per_node: int) -> NodeRequest:
+    """Per-node resources of ``backend`` running ``layout`` on nodes of ``gpus_per_node`` GPUs."""
+    nodes = layout.nodes(gpus_per_node)
+    per_node = -(-layout.world_size // nodes)
+    mode = launch_mode(backend, layout, gpus_per_node)
+    tasks = per_node if (mode == "mpi" and nodes > 1) else 1
+    return NodeRequest(nodes, per_node, tasks, per_node, per_node, MEM_MB_PER_RANK * per_node)
+
+
 def launch_unsupported(backend: str, layout: ParallelLayout, gpus_per_node: int) -> list[str]:
     """Why ``backend`` cannot start ``layout`` on nodes of that size (empty list: it can)."""
     mode = launch_mode(backend, layout, gpus_per_node)

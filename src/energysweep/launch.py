@@ -40,6 +40,7 @@ from energysweep import procs
 from energysweep.config import config_hash
 from energysweep.envinfo import code_version
 from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
+from energysweep.slurm import expand_hostnames, job_nodes
 
 PORT_BASE = 15000
 PORT_SPAN = 15000  # [15000, 30000): below the Linux ephemeral range (32768+)
@@ -211,11 +212,7 @@ def build_env(
 
 def head_node(nodelist: str) -> str:
     """First host of a Slurm nodelist (``scontrol show hostnames``)."""
-    out = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist],
-        capture_output=True, text=True, timeout=30, check=True,
-    ).stdout.split()
-    return out[0]
+    return expand_hostnames(nodelist)[0]
 
 
 def _paths(outputs) -> list[str]:
@@ -333,8 +330,14 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
     spec["outputs"] = _restage(final, staging, base)
     slurm_id = os.environ.get("SLURM_JOB_ID")
     head = None
-    if layout.nodes(gpus_per_node) > 1 and os.environ.get("SLURM_JOB_NODELIST"):
-        head = head_node(os.environ["SLURM_JOB_NODELIST"])
+    if layout.nodes(gpus_per_node) > 1:
+        # From the job id: the jobstep plugin strips SLURM_JOB_NODELIST from mpi rules.
+        nodes = job_nodes()
+        print(f"nodes: {' '.join(nodes)}", file=log, flush=True)
+        if len(nodes) < layout.nodes(gpus_per_node):
+            raise RuntimeError(f"{layout} needs {layout.nodes(gpus_per_node)} nodes; Slurm job "
+                               f"{slurm_id} has {len(nodes)}: {nodes}")
+        head = nodes[0]
     argv = build_argv(layout, spec["job"]["backend"], str(spec_path), gpus_per_node,
                       python=python, slurm_job_id=slurm_id, head_node=head)
     spec["launch_argv"] = argv

@@ -106,7 +106,10 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("slurm_job_id", pa.string(), True, "SLURM_JOB_ID, null outside Slurm"),
     ("slurm_partition", pa.string(), True, "SLURM_JOB_PARTITION"),
     ("slurm_nodelist", pa.string(), True, "SLURM_JOB_NODELIST"),
-    ("allocated_gpus", pa.string(), True, "GPUs the scheduler gave (CUDA_VISIBLE_DEVICES)"),
+    # Per node: on a 2-node job every host sees e.g. "0,1". The job's GPU count is the layout's
+    # tp*pp*dp (and sacct's gres/gpu), never these lists concatenated across hosts.
+    ("allocated_gpus", pa.string(), True,
+     "GPUs the scheduler gave this rank's node (CUDA_VISIBLE_DEVICES; per node, not per job)"),
 ]
 
 # A measure job's directory holds one shard per (batch size, repetition), bs~B/rep~R.parquet, and

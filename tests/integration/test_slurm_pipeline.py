@@ -29,7 +29,8 @@ def snakemake(wf: Path, *args: str, profile=SLURM, timeout=SNAKEMAKE_TIMEOUT_S):
     # `timeout -k` as well: a Snakemake that lost its jobs ignores SIGTERM (reference notes).
     argv = ["timeout", "-k", "20", str(timeout), "snakemake", *profile, *args]
     return subprocess.run(
-        argv, cwd=wf, env=test_env(), capture_output=True, text=True, timeout=timeout + 60
+        argv, cwd=wf, env=test_env(slurm=profile is SLURM), capture_output=True, text=True,
+        timeout=timeout + 60,
     )
 
 
@@ -144,7 +145,8 @@ def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(slurm_clust
     )
     argv = ["snakemake", *SLURM, cfg]
     with open(tmp_path / "snakemake.log", "w") as log:
-        sm = subprocess.Popen(argv, cwd=wf, env=test_env(), stdout=log, stderr=subprocess.STDOUT)
+        sm = subprocess.Popen(argv, cwd=wf, env=test_env(slurm=True), stdout=log,
+                              stderr=subprocess.STDOUT)
         try:
             # Wait until the job has written its first shard into staging: mid-measurement.
             deadline = time.monotonic() + 300

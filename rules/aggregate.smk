@@ -52,9 +52,15 @@ rule merge_shards:
         energy=directory("results/energy.parquet"),
         summary="results/summary.csv",
         environment="results/environment.parquet",
+        # Timeline vs counter energy per window and GPU (energysweep.recheck; README,
+        # "Independent re-check"), and energy / CPU time per pipeline stage.
+        validation="results/validation.parquet",
+        stages="results/stages.csv",
     log:
         "logs/merge_shards.log",
     conda:
         "../envs/base.yaml"
+    params:
+        validity=config["validity"],
     script:
         "../scripts/aggregate.py"

@@ -17,4 +17,7 @@ with open(sm.log[0], "w") as log:
         sm.output.summary,
         jobs=jobs,
         environment_out=sm.output.environment,
+        validation_out=sm.output.validation,
+        stages_out=sm.output.stages,
+        validity_config=sm.params.validity,
     )

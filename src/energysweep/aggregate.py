@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from energysweep import shards
+from energysweep import shards, validity
 
 POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
 WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
@@ -111,6 +111,9 @@ NOT_TRAINING = "not-applicable (inference: no optimizer steps)"
 NO_OUTPUT_TOKENS = "not-applicable (training generates no output tokens)"
 # Free-text columns: null means "nothing to report", not "not measured".
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
+# The validity verdict, re-check and stage columns (energysweep.validity) explain their nulls too.
+NULL_STATUS.update(validity.NULL_STATUS)
+INFO_COLUMNS |= validity.INFO_COLUMNS
 
 
 # The shard columns windows() reads; aggregate() converts only these to pandas.
@@ -773,16 +776,26 @@ def environment_table(job_json_paths: list[str | Path]) -> pd.DataFrame:
 def aggregate(
     paths: list[str | Path], energy_out: str | Path, summary_out: str | Path,
     jobs: list[str | Path] | None = None, environment_out: str | Path | None = None,
+    validation_out: str | Path | None = None, stages_out: str | Path | None = None,
+    validity_config: dict | None = None,
 ) -> None:
     """Merge shards or job tables (``paths``; same schema) into ``energy_out`` (a hive-partitioned
     Parquet dataset, see
     :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
 
     With ``jobs`` (job.json paths) and ``environment_out``, also write the environment table.
+    With ``validation_out``/``stages_out``, also re-check every window against the jobs' power
+    timelines, write the validation table and the per-stage table, and add the validity verdict
+    to the summary (energysweep.validity; thresholds ``validity_config``).
     """
     table = merge(paths)
     write_dataset(table, energy_out)
     summary = summarize(windows(table.select(WINDOW_COLUMNS).to_pandas()))
+    if validation_out is not None or stages_out is not None:
+        summary = validity.write_outputs(
+            summary, table.select(validity.ROW_COLUMNS).to_pandas(), jobs or [],
+            validity_config, validation_out, stages_out,
+        )
     tmp = Path(summary_out).with_suffix(".csv.tmp")
     summary.to_csv(tmp, index=False)
     tmp.replace(summary_out)

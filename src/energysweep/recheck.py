@@ -1,0 +1,358 @@
+"""Independent re-check of every window's GPU energy from the power timeline.
+
+A window's GPU energy is a counter delta (``nvmlDeviceGetTotalEnergyConsumption`` at the window
+edges). The power timeline (``power.parquet``, written by energy/sampler.py at
+``measurement.sampler_hz``) is a second, independent reading of the same GPUs: integrating each
+GPU's sampled power over the window (trapezoid rule, power linearly interpolated at the window
+edges) gives a second energy figure. Their ratio, per GPU and per window, is what this module
+records; the validity verdict (energysweep.validity) flags windows where they disagree.
+
+It needs only published data, so a reviewer can recompute it::
+
+    python -m energysweep.recheck results/energy.parquet results/shards -o validation.parquet
+
+(the merge rule writes the same table to ``results/validation.parquet``). The timeline also gives
+what the counter cannot: the counter's observed update period, a counter that stopped moving,
+clock event (throttle) reasons during the window, and the idle baseline's stability.
+
+Limits, stated where a reader will look (README, "Independent re-check"): NVML's power reading is
+a ~1 s moving average on Ampere (except GA100) and newer, so it lags a step in load by up to 1 s;
+windows of a few seconds or more keep that edge effect small. At 10 Hz the observed counter
+period cannot be shorter than the sampling interval (it is an upper bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
+WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
+POWER_FILE = "power.parquet"
+
+# NVML clock event reason bits (nvmlClocksEventReason*, the real pynvml's values; the unit test
+# checks them against pynvml), by the names config key validity.throttle_reasons uses.
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+# Status of a re-check row.
+OK = "ok"
+NO_COUNTER = "no-counter-energy"  # the window has no counter figure to compare (CPU, failed)
+NO_TIMELINE = "no-timeline"  # no power samples of this GPU in the job
+NOT_COVERED = "timeline-not-covering"  # samples do not span the window
+FEW_SAMPLES = "too-few-samples"  # fewer than 2 samples inside the window
+
+VALIDATION_COLUMNS = [
+    "scope", *WINDOW_KEYS, "gpu_uuid", "pp_rank", "window_start_ns", "window_end_ns",
+    "duration_s", "counter_energy_j", "timeline_energy_j", "timeline_counter_ratio",
+    "samples", "max_sample_gap_s", "power_std_w", "observed_counter_period_s",
+    "counter_stuck", "clock_event_reasons", "clock_event_reason_names", "status", "detail",
+]
+
+
+def reason_names(mask) -> str:
+    """``a,b`` names of the clock event reason bits set in ``mask`` ("" for none or null)."""
+    if mask is None or (isinstance(mask, float) and np.isnan(mask)) or pd.isna(mask):
+        return ""
+    m = int(mask)
+    return ",".join(n for n, bit in CLOCK_EVENT_REASONS.items() if m & bit)
+
+
+def power_files(shards_dir: str | Path) -> list[Path]:
+    """Every job's power.parquet under ``shards_dir`` (results/shards)."""
+    return sorted(Path(shards_dir).rglob(POWER_FILE))
+
+
+def load_power(paths: list[str | Path]) -> pd.DataFrame:
+    """The measured power samples of ``paths`` (status rows without a sample are dropped).
+
+    A GPU shared by two ranks is sampled by both; a sample is kept once per (job, GPU, time).
+    """
+    import pyarrow.parquet as pq
+
+    cols = ["job_id", "gpu_uuid", "time_ns", "power_mw", "energy_counter_mj",
+            "clock_event_reasons"]
+    frames = []
+    for p in paths:
+        t = pq.read_table(p)
+        if "clock_event_reasons" not in t.column_names:  # written before the column existed
+            t = t.append_column("clock_event_reasons", pa.nulls(t.num_rows, pa.int64()))
+        frames.append(t.select(cols).to_pandas())
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    power = pd.concat(frames, ignore_index=True)
+    power = power[power["gpu_uuid"].notna() & power["time_ns"].notna()]
+    return power.drop_duplicates(["job_id", "gpu_uuid", "time_ns"]).reset_index(drop=True)
+
+
+def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
+    """Per job the idle baseline's wall-clock bounds (job.json ``timing``); null where none."""
+    rows = []
+    for p in job_records:
+        rec = json.loads(Path(p).read_text())
+        timing = rec.get("timing") or {}
+        rows.append({"job_id": rec["job_id"], "idle_start_ns": timing.get("idle_start_ns"),
+                     "idle_end_ns": timing.get("idle_end_ns")})
+    return pd.DataFrame(rows, columns=["job_id", "idle_start_ns", "idle_end_ns"])
+
+
+class _Timeline:
+    """One GPU's samples in one job: integral and statistics over any interval."""
+
+    def __init__(self, samples: pd.DataFrame):
+        s = samples.sort_values("time_ns")
+        p = s["power_mw"].to_numpy(dtype=float) / 1e3
+        keep = ~np.isnan(p)
+        self.t_ns = s["time_ns"].to_numpy(dtype=np.int64)[keep]
+        self.t0 = self.t_ns[0] if len(self.t_ns) else 0
+        self.t = (self.t_ns - self.t0) / 1e9  # seconds from the first sample: float precision
+        self.p = p[keep]
+        self.counter = s["energy_counter_mj"].to_numpy(dtype=float)[keep]
+        self.reasons = s["clock_event_reasons"].to_numpy(dtype=float)[keep]
+        steps = np.diff(self.t) * (self.p[1:] + self.p[:-1]) / 2
+        self.cum = np.concatenate([[0.0], np.cumsum(steps)])
+
+    def _power_at(self, x: float, k: int) -> float:
+        t, p = self.t, self.p
+        return p[k] + (p[k + 1] - p[k]) * (x - t[k]) / (t[k + 1] - t[k])
+
+    def _integral_to(self, x: float) -> float:
+        """Energy (J) from the first sample to ``x`` (within the samples' span)."""
+        k = int(np.clip(np.searchsorted(self.t, x, side="right") - 1, 0, len(self.t) - 2))
+        return self.cum[k] + (x - self.t[k]) * (self.p[k] + self._power_at(x, k)) / 2
+
+    def window(self, start_ns: int, end_ns: int) -> dict:
+        """Re-check figures over [start_ns, end_ns]; ``status`` says when they cannot be had."""
+        out = {"samples": 0, "timeline_energy_j": np.nan, "max_sample_gap_s": np.nan,
+               "power_std_w": np.nan, "observed_counter_period_s": np.nan,
+               "counter_stuck": None, "clock_event_reasons": None, "status": OK, "detail": None}
+        inside = (self.t_ns >= start_ns) & (self.t_ns <= end_ns)
+        out["samples"] = n_in = int(inside.sum())
+        if n_in:
+            r = self.reasons[inside]
+            if not np.isnan(r).all():
+                out["clock_event_reasons"] = int(np.bitwise_or.reduce(r[~np.isnan(r)].astype(
+                    np.int64)))
+            out["power_std_w"] = float(np.std(self.p[inside])) if n_in >= 2 else np.nan
+            c = self.counter[inside]
+            c = c[~np.isnan(c)]
+            if len(c) >= 2:
+                out["counter_stuck"] = bool(c[-1] == c[0])
+                changed = self.t[inside][~np.isnan(self.counter[inside])][1:][np.diff(c) != 0]
+                if len(changed) >= 2:
+                    out["observed_counter_period_s"] = float(np.median(np.diff(changed)))
+        if len(self.t) < 2 or start_ns < self.t_ns[0] or end_ns > self.t_ns[-1]:
+            out["status"] = NOT_COVERED
+            out["detail"] = "the power samples do not span the window"
+            return out
+        if n_in < 2:
+            out["status"] = FEW_SAMPLES
+            out["detail"] = f"{n_in} power sample(s) inside the window"
+            return out
+        a, b = (start_ns - self.t0) / 1e9, (end_ns - self.t0) / 1e9
+        out["timeline_energy_j"] = float(self._integral_to(b) - self._integral_to(a))
+        edges = np.concatenate([[a], self.t[inside], [b]])
+        out["max_sample_gap_s"] = float(np.max(np.diff(edges)))
+        return out
+
+
+def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (window, GPU UUID): its counter energy (J); GPU-less windows keep one row."""
+    cols = [*WINDOW_KEYS, "status", "window_start_ns", "window_end_ns", "gpu_uuid",
+            "gpu_energy_mj", "gpu_energy_status", "pp_rank"]
+    r = rows[cols].copy()
+    r["_has_gpu"] = r["gpu_uuid"].notna()
+    # A GPU counts once per window (two ranks may report it); GPU-less windows keep one row.
+    r = r.sort_values([*WINDOW_KEYS, "gpu_uuid", "pp_rank"], na_position="last", kind="stable")
+    with_gpu = r[r["_has_gpu"]].drop_duplicates([*WINDOW_KEYS, "gpu_uuid"])
+    gpu_less = r[~r["_has_gpu"]].drop_duplicates(WINDOW_KEYS)
+    gpu_less = gpu_less.merge(with_gpu[WINDOW_KEYS].drop_duplicates(), on=WINDOW_KEYS,
+                              how="left", indicator=True)
+    gpu_less = gpu_less[gpu_less["_merge"] == "left_only"].drop(columns="_merge")
+    out = pd.concat([with_gpu, gpu_less], ignore_index=True).drop(columns="_has_gpu")
+    measured = out["gpu_energy_status"].isin(["measured", "short-window"]) & out["status"].eq("ok")
+    out["counter_energy_j"] = (out["gpu_energy_mj"] / 1e3).where(measured)
+    return out
+
+
+def recheck(rows: pd.DataFrame, power: pd.DataFrame,
+            idle: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The validation table: re-check rows per (window, GPU), per window, and per idle baseline.
+
+    Args:
+        rows: the merged energy table (shard rows) as pandas, or the columns this reads.
+        power: power samples (:func:`load_power`).
+        idle: per job the idle bounds (:func:`idle_bounds`); None skips the idle rows.
+
+    Returns:
+        :data:`VALIDATION_COLUMNS`; ``scope`` is ``gpu`` (one GPU in one window), ``window``
+        (all the window's GPUs: sums, null unless every GPU was re-checked) or ``idle`` (one GPU
+        over its job's idle baseline; counter energy = idle power x idle window).
+    """
+    gw = _gpu_windows(rows)
+    timelines = {
+        key: _Timeline(g) for key, g in power.groupby(["job_id", "gpu_uuid"], sort=False)
+    } if len(power) else {}
+    records = []
+    for rec in gw.to_dict("records"):
+        start, end = rec["window_start_ns"], rec["window_end_ns"]
+        duration = (end - start) / 1e9 if pd.notna(start) and pd.notna(end) else np.nan
+        base = {k: rec[k] for k in WINDOW_KEYS}
+        base.update(scope="gpu", gpu_uuid=rec["gpu_uuid"], pp_rank=rec["pp_rank"],
+                    window_start_ns=start, window_end_ns=end, duration_s=duration,
+                    counter_energy_j=rec["counter_energy_j"])
+        tl = timelines.get((rec["job_id"], rec["gpu_uuid"]))
+        if pd.isna(rec["counter_energy_j"]) or pd.isna(duration):
+            why = ("no GPU energy measured" if pd.isna(rec["gpu_uuid"])
+                   else f"window status {rec['status']}, GPU energy {rec['gpu_energy_status']}")
+            base.update(status=NO_COUNTER, detail=why, samples=0)
+        elif tl is None or not len(tl.t):
+            base.update(status=NO_TIMELINE, samples=0,
+                        detail="no power samples of this GPU (measurement.sampler_hz 0?)")
+        else:
+            base.update(tl.window(int(start), int(end)))
+        records.append(base)
+    table = pd.DataFrame.from_records(records, columns=[c for c in VALIDATION_COLUMNS
+                                                        if c != "timeline_counter_ratio"])
+    table = pd.concat([table, _window_rows(table)], ignore_index=True)
+    if idle is not None and len(idle) and len(rows):
+        table = pd.concat([table, _idle_rows(rows, idle, timelines)], ignore_index=True)
+    table["timeline_counter_ratio"] = table["timeline_energy_j"] / table["counter_energy_j"].where(
+        table["counter_energy_j"] > 0)
+    table["clock_event_reason_names"] = [reason_names(m) for m in table["clock_event_reasons"]]
+    return _typed(table[VALIDATION_COLUMNS])
+
+
+def _window_rows(gpu_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per window the sums over its GPUs; the window's status is its worst GPU's."""
+    if gpu_rows.empty:
+        return gpu_rows.iloc[:0]
+    g = gpu_rows.groupby(WINDOW_KEYS, sort=True, dropna=False)
+    all_ok = g["status"].agg(lambda s: (s == OK).all())
+    statuses = g["status"].agg(lambda s: ",".join(sorted(set(s) - {OK})) or OK)
+    out = g.agg(
+        window_start_ns=("window_start_ns", "first"), window_end_ns=("window_end_ns", "first"),
+        duration_s=("duration_s", "first"),
+        counter_energy_j=("counter_energy_j", lambda s: s.sum() if s.notna().all() else np.nan),
+        timeline_energy_j=("timeline_energy_j", lambda s: s.sum() if s.notna().all() else np.nan),
+        samples=("samples", "min"), max_sample_gap_s=("max_sample_gap_s", "max"),
+        observed_counter_period_s=("observed_counter_period_s", "max"),
+        counter_stuck=("counter_stuck", lambda s: bool(s.fillna(False).astype(bool).any())
+                       if s.notna().any() else None),
+        clock_event_reasons=("clock_event_reasons",
+                             lambda s: int(np.bitwise_or.reduce(s.dropna().astype(np.int64)))
+                             if s.notna().any() else None),
+    )
+    out["timeline_energy_j"] = out["timeline_energy_j"].where(all_ok)
+    out["status"] = statuses
+    out["detail"] = None
+    out["scope"] = "window"
+    out["gpu_uuid"] = None
+    out["pp_rank"] = np.nan
+    return out.reset_index()
+
+
+def _idle_rows(rows: pd.DataFrame, idle: pd.DataFrame, timelines: dict) -> pd.DataFrame:
+    """Per (job, GPU) the idle baseline re-checked: idle power x time against the timeline."""
+    r = rows[rows["gpu_uuid"].notna()].drop_duplicates(["job_id", "gpu_uuid"])
+    r = r.merge(idle, on="job_id", how="inner")
+    records = []
+    for rec in r.to_dict("records"):
+        start, end = rec["idle_start_ns"], rec["idle_end_ns"]
+        base = {k: rec[k] for k in ("job_id", *POINT_KEYS)}
+        base.update(scope="idle", phase="idle", repetition=None, gpu_uuid=rec["gpu_uuid"],
+                    pp_rank=rec.get("pp_rank"), window_start_ns=start, window_end_ns=end,
+                    batch_size=None)
+        if pd.isna(start) or pd.isna(end):
+            base.update(status=NO_COUNTER, detail="no idle baseline (idle_baseline_s 0, or no "
+                        "source could read it)", samples=0)
+            records.append(base)
+            continue
+        dur = (end - start) / 1e9
+        idle_w = rec.get("idle_gpu_power_w")
+        base.update(duration_s=dur, counter_energy_j=idle_w * dur if pd.notna(idle_w) else np.nan)
+        tl = timelines.get((rec["job_id"], rec["gpu_uuid"]))
+        if tl is None or not len(tl.t):
+            base.update(status=NO_TIMELINE, samples=0, detail="no power samples of this GPU")
+        else:
+            base.update(tl.window(int(start), int(end)))
+        records.append(base)
+    return pd.DataFrame.from_records(records)
+
+
+def _typed(table: pd.DataFrame) -> pd.DataFrame:
+    for c in ("window_start_ns", "window_end_ns", "clock_event_reasons", "tp", "pp", "dp",
+              "batch_size", "repetition", "pp_rank", "samples"):
+        table[c] = pd.to_numeric(table[c], errors="coerce").astype("Int64")
+    for c in ("duration_s", "counter_energy_j", "timeline_energy_j", "timeline_counter_ratio",
+              "max_sample_gap_s", "power_std_w", "observed_counter_period_s"):
+        table[c] = pd.to_numeric(table[c], errors="coerce").astype(float)
+    table["counter_stuck"] = table["counter_stuck"].astype("boolean")
+    for c in ("scope", "job_id", "model", "backend", "scenario", "phase", "gpu_uuid", "status",
+              "detail", "clock_event_reason_names"):
+        table[c] = table[c].astype(object).where(table[c].notna(), None)
+    return table.reset_index(drop=True)
+
+
+ROW_COLUMNS = [*WINDOW_KEYS, "status", "window_start_ns", "window_end_ns", "gpu_uuid",
+               "gpu_energy_mj", "gpu_energy_status", "pp_rank", "idle_gpu_power_w"]
+
+
+def write(table: pd.DataFrame, path: str | Path) -> None:
+    """Write the validation table atomically (Parquet)."""
+    from energysweep.shards import write_atomic
+
+    write_atomic(pa.Table.from_pandas(table, preserve_index=False), path)
+
+
+def from_published(energy: str | Path, shards_dir: str | Path) -> pd.DataFrame:
+    """The validation table from the published dataset (results/energy.parquet) and the jobs'
+    power.parquet and job.json files under ``shards_dir``."""
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(str(energy), format="parquet", partitioning="hive").to_table(
+        columns=ROW_COLUMNS).to_pandas()
+    for k in ("model", "backend"):  # hive partition columns come back as dictionaries
+        rows[k] = rows[k].astype(str)
+    idle = idle_bounds(sorted(Path(shards_dir).rglob("job.json")))
+    return recheck(rows, load_power(power_files(shards_dir)), idle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Recompute the validation table (timeline vs counter energy per window) "
+                    "from the published energy dataset and the jobs' power timelines.")
+    parser.add_argument("energy", help="the energy dataset (results/energy.parquet)")
+    parser.add_argument("shards", help="the jobs' directory (results/shards) with power.parquet")
+    parser.add_argument("-o", "--output", required=True, help="validation Parquet to write")
+    args = parser.parse_args(argv)
+    table = from_published(args.energy, args.shards)
+    write(table, args.output)
+    windows = table[table["scope"] == "window"]
+    ratio = windows["timeline_counter_ratio"].dropna()
+    print(f"{len(windows)} windows; {len(ratio)} re-checked", file=sys.stderr)
+    if len(ratio):
+        print(f"timeline/counter ratio: median {ratio.median():.4f}, "
+              f"min {ratio.min():.4f}, max {ratio.max():.4f}", file=sys.stderr)
+    for status, n in windows["status"].value_counts().items():
+        print(f"  {status}: {n} windows", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

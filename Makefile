@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv lint dryrun report clean bench slurm-up slurm-down
+.PHONY: run test venv lint dryrun report clean bench slurm-up slurm-down preflight
 
 venv: $(STAMP)
 
@@ -34,6 +34,12 @@ lint: $(STAMP)
 	$(SNAKEMAKE) --lint
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/snakefmt --check Snakefile rules
+
+# Can this machine (or, with PROFILE=profiles/slurm, the sweep's nodes) measure energy? Always
+# reruns; prints a one-screen verdict; non-zero when measurement.require_energy is not met.
+PROFILE ?= profiles/local
+preflight: $(STAMP)
+	$(SNAKEMAKE) --profile $(PROFILE) --forcerun preflight_node preflight
 
 dryrun: $(STAMP)
 	$(SNAKEMAKE) -n --profile profiles/local

@@ -43,7 +43,7 @@ def _str(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _torch_uuids() -> list[str] | None:
+def torch_uuids() -> list[str] | None:
     """UUIDs of the CUDA devices torch sees (None where torch has no CUDA)."""
     try:
         import torch
@@ -132,30 +132,33 @@ def probe_gpu(pynvml, handle, seconds: float, max_idle_std_w: float, throttle_ma
     return out
 
 
-def _zeus_check(pynvml, gpus: list[dict], seconds: float) -> dict:
-    try:
-        from zeus.monitor import ZeusMonitor
-    except ImportError:
+def _zeus_check(uuids: list[str], seconds: float) -> dict:
+    """Zeus and NVML over the same window (the sweep's cross-check source), where Zeus is."""
+    import importlib.util
+
+    from energysweep.energy import CrossCheckSource
+    from energysweep.energy.nvml import NvmlSource
+
+    if importlib.util.find_spec("zeus") is None:
         return {"status": SKIPPED, "detail": "zeus is not installed"}
     try:
-        indices = [g["index"] for g in gpus]
-        monitor = ZeusMonitor(gpu_indices=indices, sync_execution_with=None)
-        before = [int(pynvml.nvmlDeviceGetTotalEnergyConsumption(g["handle"])) for g in gpus]
-        monitor.begin_window("preflight", sync_execution=False)
+        from energysweep.energy.zeus import ZeusSource
+
+        source = CrossCheckSource(NvmlSource(uuids), ZeusSource(uuids))
+        source.begin()
         time.sleep(seconds)
-        zeus = monitor.end_window("preflight", sync_execution=False)
-        after = [int(pynvml.nvmlDeviceGetTotalEnergyConsumption(g["handle"])) for g in gpus]
+        readings = source.end()
+        source.close()
     except Exception as exc:
-        return {"status": WARN, "detail": f"zeus failed: {type(exc).__name__}: {exc}"}
-    ratios = {}
-    for g, a, b in zip(gpus, before, after, strict=True):
-        z = zeus.gpu_energy.get(g["index"])
-        nv = (b - a) / 1e3
-        ratios[g["uuid"]] = (z / nv) if z is not None and nv > 0 else None
-    bad = [u for u, r in ratios.items() if r is None or abs(r - 1) > 0.1]
+        return {"status": WARN, "detail": f"Zeus cannot measure here: {type(exc).__name__}: {exc}"}
+    ratios = {r.gpu_uuid: (r.energy_mj_zeus / r.energy_mj
+                           if r.energy_mj_zeus is not None and r.energy_mj else None)
+              for r in readings}
+    bad = [u for u, q in ratios.items() if q is None or abs(q - 1) > 0.1]
     return {"status": WARN if bad else OK, "zeus_nvml_ratio": ratios,
-            "detail": "Zeus and NVML agree within 10%" if not bad else
-            f"Zeus and NVML disagree (or no figure) on {len(bad)} GPU(s)"}
+            "detail": f"Zeus / NVML energy over {seconds:.1f} s: " + ", ".join(
+                "n/a" if q is None else f"{q:.3f}" for q in ratios.values())
+            + (" (differ by more than 10%)" if bad else "")}
 
 
 def _rapl_check(root=None) -> dict:
@@ -176,8 +179,15 @@ def _rapl_check(root=None) -> dict:
 
 def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0,
         throttle_reasons=("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"),
-        cuda_visible_devices: str | None = None, torch_uuids=None, rapl_root=None) -> dict:
-    """All checks on this node; returns the report (see the module docstring)."""
+        cuda_visible_devices: str | None = None, torch_uuids=None, rapl_root=None,
+        zeus: bool = True) -> dict:
+    """All checks on this node; returns the report (see the module docstring).
+
+    Args:
+        torch_uuids: the CUDA devices' UUIDs, or a function returning them (called only where
+            NVML works); each must be found in NVML.
+        zeus: also compare Zeus with NVML where Zeus is installed.
+    """
     pynvml = es_nvml.pynvml
     mask = sum(CLOCK_EVENT_REASONS[n] for n in throttle_reasons)
     report: dict = {"host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
@@ -190,14 +200,14 @@ def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0
         pynvml.nvmlInit()
     except Exception as exc:
         checks["nvml"] = {"status": UNAVAILABLE, "detail": f"{type(exc).__name__}: {exc}"}
-        gpu_problem = f"no GPU energy: NVML cannot be loaded ({type(exc).__name__})"
+        gpu_problem = f"NVML cannot be loaded ({type(exc).__name__}): no GPU or no driver"
     if gpu_problem is None:
         try:
             checks["nvml"] = {"status": OK,
                               "driver": _str(pynvml.nvmlSystemGetDriverVersion()),
                               "detail": f"{pynvml.nvmlDeviceGetCount()} GPU(s) visible to NVML"}
             gpu_problem = _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask,
-                                      cuda_visible_devices, torch_uuids)
+                                      cuda_visible_devices, torch_uuids, zeus)
         finally:
             pynvml.nvmlShutdown()
     report["has_gpu"] = bool(report["gpus"])
@@ -212,7 +222,8 @@ def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0
     return report
 
 
-def _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask, cvd, torch_uuids) -> str | None:
+def _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask, cvd, torch_uuids,
+                zeus) -> str | None:
     checks = report["checks"]
     try:
         allocated = es_nvml.resolve_visible_gpus(cvd)
@@ -222,6 +233,8 @@ def _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask, cvd, torch_uuids)
         return f"allocated GPUs cannot be resolved: {exc}"
     nvml_uuids = {_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
                   for i in range(pynvml.nvmlDeviceGetCount())}
+    if callable(torch_uuids):  # only where NVML works: importing torch takes seconds
+        torch_uuids = torch_uuids()
     if torch_uuids:
         missing = [u for u in torch_uuids if u not in nvml_uuids]
         allocated = [u for u in torch_uuids if u in nvml_uuids]
@@ -243,8 +256,11 @@ def _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask, cvd, torch_uuids)
              "pci_bus_id": _str(pynvml.nvmlDeviceGetPciInfo_v3(h).busId)}
         g.update(probe_gpu(pynvml, h, seconds, max_idle_std_w, mask))
         gpus.append({**g, "handle": h})
-    checks["zeus"] = _zeus_check(pynvml, gpus, min(seconds, 1.0)) if gpus else {
-        "status": SKIPPED, "detail": "no GPU"}
+    if not zeus:
+        checks["zeus"] = {"status": SKIPPED, "detail": "not requested"}
+    else:
+        checks["zeus"] = _zeus_check(allocated, min(seconds, 1.0)) if gpus else {
+            "status": SKIPPED, "detail": "no GPU"}
     report["gpus"] = [{k: v for k, v in g.items() if k != "handle"} for g in gpus]
     if missing:
         return checks["gpus"]["detail"]
@@ -261,8 +277,8 @@ def verdict(reports: list[dict]) -> str:
         lines.append(f"== {r['host']} (require_energy {r['require_energy']} -> {r['required']}): "
                      f"{'PASS' if r['pass'] else 'FAIL'}")
         if not r["has_gpu"]:
-            lines.append(f"   No GPU energy on this node: {r['gpu_energy']['detail']}. "
-                         "GPU figures from it will be recorded as unavailable, never 0.")
+            lines.append(f"   This node has no GPU that NVML can read: {r['gpu_energy']['detail']}."
+                         " GPU energy from it is recorded as unavailable (null), never 0.")
         for name, c in r["checks"].items():
             lines.append(f"   {name:<8} {c['status']:<11} {c.get('detail', '')}")
         for g in r["gpus"]:
@@ -298,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args.seconds, args.require, args.max_idle_std_w,
                  cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                 torch_uuids=_torch_uuids())
+                 torch_uuids=torch_uuids)
     write_report(report, args.out)
     print(verdict([report]))
     return 0 if report["pass"] else 1

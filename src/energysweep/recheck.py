@@ -112,7 +112,7 @@ def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
 
 
 class _Timeline:
-    """One GPU's samples in one job: integral and statistics over any interval."""
+    """One GPU's samples in one job: integral and statistics over any set of intervals."""
 
     def __init__(self, samples: pd.DataFrame):
         s = samples.sort_values("time_ns")
@@ -123,52 +123,81 @@ class _Timeline:
         self.t = (self.t_ns - self.t0) / 1e9  # seconds from the first sample: float precision
         self.p = p[keep]
         self.counter = s["energy_counter_mj"].to_numpy(dtype=float)[keep]
-        self.reasons = s["clock_event_reasons"].to_numpy(dtype=float)[keep]
+        reasons = s["clock_event_reasons"].to_numpy(dtype=float)[keep]
+        self.has_reasons = ~np.isnan(reasons)
+        self.reasons = np.nan_to_num(reasons).astype(np.int64)
         steps = np.diff(self.t) * (self.p[1:] + self.p[:-1]) / 2
         self.cum = np.concatenate([[0.0], np.cumsum(steps)])
+        # Prefix sums for each interval's mean and variance of power in O(1).
+        self.cum_p = np.concatenate([[0.0], np.cumsum(self.p)])
+        self.cum_p2 = np.concatenate([[0.0], np.cumsum(self.p**2)])
+        # The counter's update period, observed over the whole job: the median time between
+        # changes (an upper bound at the sampling rate; the driver's period is a GPU property).
+        counted = ~np.isnan(self.counter)
+        c, tc = self.counter[counted], self.t[counted]
+        changed = tc[1:][np.diff(c) != 0]
+        self.period = float(np.median(np.diff(changed))) if len(changed) >= 2 else np.nan
 
-    def _power_at(self, x: float, k: int) -> float:
+    def _integral_to(self, x: np.ndarray) -> np.ndarray:
+        """Energy (J) from the first sample to each ``x`` (within the samples' span)."""
         t, p = self.t, self.p
-        return p[k] + (p[k + 1] - p[k]) * (x - t[k]) / (t[k + 1] - t[k])
+        k = np.clip(np.searchsorted(t, x, side="right") - 1, 0, len(t) - 2)
+        px = p[k] + (p[k + 1] - p[k]) * (x - t[k]) / (t[k + 1] - t[k])
+        return self.cum[k] + (x - t[k]) * (p[k] + px) / 2
 
-    def _integral_to(self, x: float) -> float:
-        """Energy (J) from the first sample to ``x`` (within the samples' span)."""
-        k = int(np.clip(np.searchsorted(self.t, x, side="right") - 1, 0, len(self.t) - 2))
-        return self.cum[k] + (x - self.t[k]) * (self.p[k] + self._power_at(x, k)) / 2
+    def windows(self, start_ns: np.ndarray, end_ns: np.ndarray) -> pd.DataFrame:
+        """Re-check figures of every [start, end] at once; ``status`` says where they cannot
+        be had."""
+        start_ns = np.asarray(start_ns, dtype=np.int64)
+        end_ns = np.asarray(end_ns, dtype=np.int64)
+        m = len(start_ns)
+        lo = np.searchsorted(self.t_ns, start_ns, "left")  # samples are sorted: a slice each
+        hi = np.searchsorted(self.t_ns, end_ns, "right")
+        n_in = hi - lo
+        out = {"samples": n_in, "observed_counter_period_s": np.full(m, self.period)}
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (self.cum_p[hi] - self.cum_p[lo]) / n_in
+            var = np.maximum((self.cum_p2[hi] - self.cum_p2[lo]) / n_in - mean**2, 0)
+        out["power_std_w"] = np.where(n_in >= 2, np.sqrt(var), np.nan)
+        reasons = np.full(m, None, dtype=object)
+        stuck = np.full(m, None, dtype=object)
+        counted = ~np.isnan(self.counter)
+        for i in np.flatnonzero(n_in > 0):  # per window: an OR and two counter reads
+            sl = slice(lo[i], hi[i])
+            if self.has_reasons[sl].any():
+                reasons[i] = int(np.bitwise_or.reduce(self.reasons[sl][self.has_reasons[sl]]))
+            c = self.counter[sl][counted[sl]]
+            if len(c) >= 2:
+                stuck[i] = bool(c[-1] == c[0])
+        out["clock_event_reasons"], out["counter_stuck"] = reasons, stuck
+        covered = (len(self.t) >= 2) & (start_ns >= (self.t_ns[0] if len(self.t) else 0)) & (
+            end_ns <= (self.t_ns[-1] if len(self.t) else -1))
+        ok = covered & (n_in >= 2)
+        energy = np.full(m, np.nan)
+        gap = np.full(m, np.nan)
+        if ok.any():
+            a = (start_ns[ok] - self.t0) / 1e9
+            b = (end_ns[ok] - self.t0) / 1e9
+            energy[ok] = self._integral_to(b) - self._integral_to(a)
+            diffs = np.diff(self.t)
+            lo_ok, hi_ok = lo[ok], hi[ok]
+            inner = np.zeros(len(a))
+            multi = hi_ok - lo_ok >= 2
+            if multi.any():  # the largest gap between consecutive samples inside each window
+                inner[multi] = [diffs[x:y - 1].max()
+                                for x, y in zip(lo_ok[multi], hi_ok[multi], strict=True)]
+            gap[ok] = np.maximum.reduce([self.t[lo_ok] - a, b - self.t[hi_ok - 1], inner])
+        out["timeline_energy_j"], out["max_sample_gap_s"] = energy, gap
+        status = np.where(ok, OK, np.where(covered, FEW_SAMPLES, NOT_COVERED)).astype(object)
+        out["status"] = status
+        out["detail"] = np.where(
+            ok, None, np.where(covered, [f"{k} power sample(s) inside the window" for k in n_in],
+                               "the power samples do not span the window")).astype(object)
+        return pd.DataFrame(out)
 
     def window(self, start_ns: int, end_ns: int) -> dict:
-        """Re-check figures over [start_ns, end_ns]; ``status`` says when they cannot be had."""
-        out = {"samples": 0, "timeline_energy_j": np.nan, "max_sample_gap_s": np.nan,
-               "power_std_w": np.nan, "observed_counter_period_s": np.nan,
-               "counter_stuck": None, "clock_event_reasons": None, "status": OK, "detail": None}
-        inside = (self.t_ns >= start_ns) & (self.t_ns <= end_ns)
-        out["samples"] = n_in = int(inside.sum())
-        if n_in:
-            r = self.reasons[inside]
-            if not np.isnan(r).all():
-                out["clock_event_reasons"] = int(np.bitwise_or.reduce(r[~np.isnan(r)].astype(
-                    np.int64)))
-            out["power_std_w"] = float(np.std(self.p[inside])) if n_in >= 2 else np.nan
-            c = self.counter[inside]
-            c = c[~np.isnan(c)]
-            if len(c) >= 2:
-                out["counter_stuck"] = bool(c[-1] == c[0])
-                changed = self.t[inside][~np.isnan(self.counter[inside])][1:][np.diff(c) != 0]
-                if len(changed) >= 2:
-                    out["observed_counter_period_s"] = float(np.median(np.diff(changed)))
-        if len(self.t) < 2 or start_ns < self.t_ns[0] or end_ns > self.t_ns[-1]:
-            out["status"] = NOT_COVERED
-            out["detail"] = "the power samples do not span the window"
-            return out
-        if n_in < 2:
-            out["status"] = FEW_SAMPLES
-            out["detail"] = f"{n_in} power sample(s) inside the window"
-            return out
-        a, b = (start_ns - self.t0) / 1e9, (end_ns - self.t0) / 1e9
-        out["timeline_energy_j"] = float(self._integral_to(b) - self._integral_to(a))
-        edges = np.concatenate([[a], self.t[inside], [b]])
-        out["max_sample_gap_s"] = float(np.max(np.diff(edges)))
-        return out
+        """:meth:`windows` of one interval, as a dict."""
+        return self.windows(np.array([start_ns]), np.array([end_ns])).iloc[0].to_dict()
 
 
 def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -204,31 +233,36 @@ def recheck(rows: pd.DataFrame, power: pd.DataFrame,
         (all the window's GPUs: sums, null unless every GPU was re-checked) or ``idle`` (one GPU
         over its job's idle baseline; counter energy = idle power x idle window).
     """
-    gw = _gpu_windows(rows)
+    gw = _gpu_windows(rows).reset_index(drop=True)
     timelines = {
         key: _Timeline(g) for key, g in power.groupby(["job_id", "gpu_uuid"], sort=False)
     } if len(power) else {}
-    records = []
-    for rec in gw.to_dict("records"):
-        start, end = rec["window_start_ns"], rec["window_end_ns"]
-        duration = (end - start) / 1e9 if pd.notna(start) and pd.notna(end) else np.nan
-        base = {k: rec[k] for k in WINDOW_KEYS}
-        base.update(scope="gpu", gpu_uuid=rec["gpu_uuid"], pp_rank=rec["pp_rank"],
-                    window_start_ns=start, window_end_ns=end, duration_s=duration,
-                    counter_energy_j=rec["counter_energy_j"])
-        tl = timelines.get((rec["job_id"], rec["gpu_uuid"]))
-        if pd.isna(rec["counter_energy_j"]) or pd.isna(duration):
-            why = ("no GPU energy measured" if pd.isna(rec["gpu_uuid"])
-                   else f"window status {rec['status']}, GPU energy {rec['gpu_energy_status']}")
-            base.update(status=NO_COUNTER, detail=why, samples=0)
-        elif tl is None or not len(tl.t):
-            base.update(status=NO_TIMELINE, samples=0,
-                        detail="no power samples of this GPU (measurement.sampler_hz 0?)")
-        else:
-            base.update(tl.window(int(start), int(end)))
-        records.append(base)
-    table = pd.DataFrame.from_records(records, columns=[c for c in VALIDATION_COLUMNS
-                                                        if c != "timeline_counter_ratio"])
+    base = gw[WINDOW_KEYS].copy()
+    base["scope"] = "gpu"
+    for c in ("gpu_uuid", "pp_rank", "window_start_ns", "window_end_ns", "counter_energy_j"):
+        base[c] = gw[c]
+    base["duration_s"] = (gw["window_end_ns"] - gw["window_start_ns"]) / 1e9
+    no_counter = base["counter_energy_j"].isna() | base["duration_s"].isna()
+    why = np.where(gw["gpu_uuid"].isna(), "no GPU energy measured",
+                   "window status " + gw["status"].astype(str) + ", GPU energy "
+                   + gw["gpu_energy_status"].astype(str))
+    parts = [base[no_counter].assign(status=NO_COUNTER, detail=why[no_counter.to_numpy()],
+                                     samples=0)]
+    rest = base[~no_counter]
+    for (job, gpu), idx in rest.groupby(["job_id", "gpu_uuid"], sort=False).groups.items():
+        tl = timelines.get((job, gpu))
+        part = rest.loc[idx]
+        if tl is None or not len(tl.t):
+            parts.append(part.assign(status=NO_TIMELINE, samples=0, detail=(
+                "no power samples of this GPU (measurement.sampler_hz 0?)")))
+            continue
+        checked = tl.windows(part["window_start_ns"].to_numpy(dtype=np.int64),
+                             part["window_end_ns"].to_numpy(dtype=np.int64))
+        parts.append(pd.concat([part.reset_index(drop=True), checked], axis=1))
+    records = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(
+        len(p) for p in parts) else pd.DataFrame()
+    table = records.reindex(columns=[c for c in VALIDATION_COLUMNS
+                                     if c != "timeline_counter_ratio"])
     table = pd.concat([table, _window_rows(table)], ignore_index=True)
     if idle is not None and len(idle) and len(rows):
         table = pd.concat([table, _idle_rows(rows, idle, timelines)], ignore_index=True)
@@ -242,24 +276,33 @@ def _window_rows(gpu_rows: pd.DataFrame) -> pd.DataFrame:
     """Per window the sums over its GPUs; the window's status is its worst GPU's."""
     if gpu_rows.empty:
         return gpu_rows.iloc[:0]
-    g = gpu_rows.groupby(WINDOW_KEYS, sort=True, dropna=False)
-    all_ok = g["status"].agg(lambda s: (s == OK).all())
-    statuses = g["status"].agg(lambda s: ",".join(sorted(set(s) - {OK})) or OK)
-    out = g.agg(
-        window_start_ns=("window_start_ns", "first"), window_end_ns=("window_end_ns", "first"),
-        duration_s=("duration_s", "first"),
-        counter_energy_j=("counter_energy_j", lambda s: s.sum() if s.notna().all() else np.nan),
-        timeline_energy_j=("timeline_energy_j", lambda s: s.sum() if s.notna().all() else np.nan),
-        samples=("samples", "min"), max_sample_gap_s=("max_sample_gap_s", "max"),
-        observed_counter_period_s=("observed_counter_period_s", "max"),
-        counter_stuck=("counter_stuck", lambda s: bool(s.fillna(False).astype(bool).any())
-                       if s.notna().any() else None),
-        clock_event_reasons=("clock_event_reasons",
-                             lambda s: int(np.bitwise_or.reduce(s.dropna().astype(np.int64)))
-                             if s.notna().any() else None),
-    )
-    out["timeline_energy_j"] = out["timeline_energy_j"].where(all_ok)
-    out["status"] = statuses
+    g = gpu_rows.assign(_bad=gpu_rows["status"].ne(OK),
+                        _stuck=gpu_rows["counter_stuck"].astype(float),
+                        _reasons=gpu_rows["clock_event_reasons"].astype(float),
+                        ).groupby(WINDOW_KEYS, sort=True, dropna=False)
+    size = g.size()
+
+    def complete_sum(column: str) -> pd.Series:
+        """The sum over the window's GPUs, null unless every GPU has a value."""
+        return g[column].sum(min_count=1).where(g[column].count() == size)
+
+    out = pd.DataFrame({
+        "window_start_ns": g["window_start_ns"].first(),
+        "window_end_ns": g["window_end_ns"].first(), "duration_s": g["duration_s"].first(),
+        "counter_energy_j": complete_sum("counter_energy_j"),
+        "timeline_energy_j": complete_sum("timeline_energy_j").where(~g["_bad"].any()),
+        "samples": g["samples"].min(), "max_sample_gap_s": g["max_sample_gap_s"].max(),
+        "observed_counter_period_s": g["observed_counter_period_s"].max(),
+        "counter_stuck": g["_stuck"].max().map(lambda v: None if pd.isna(v) else bool(v)),
+    })
+    reasons = gpu_rows[gpu_rows["clock_event_reasons"].notna()]
+    out["clock_event_reasons"] = reasons.groupby(WINDOW_KEYS, sort=True, dropna=False)[
+        "clock_event_reasons"].agg(lambda s: int(np.bitwise_or.reduce(s.astype(np.int64)))) \
+        if len(reasons) else None
+    bad = gpu_rows[gpu_rows["status"] != OK]
+    statuses = bad.groupby(WINDOW_KEYS, sort=True, dropna=False)["status"].agg(
+        lambda s: ",".join(sorted(set(s)))) if len(bad) else pd.Series(dtype=object)
+    out["status"] = statuses.reindex(out.index).fillna(OK) if len(bad) else OK
     out["detail"] = None
     out["scope"] = "window"
     out["gpu_uuid"] = None

@@ -29,8 +29,9 @@ STAGE_COLUMNS = [*POINT_KEYS, "phase", "pp_rank", "repetitions_ok", "n_gpus", "g
 MEASURED = ("measured", "short-window")
 
 
-def _sum_all(s: pd.Series) -> float:
-    return float(s.sum()) if len(s) and s.notna().all() else np.nan
+def _complete_sum(g, column: str) -> pd.Series:
+    """Per group the sum of ``column``, null unless every row has a value."""
+    return g[column].sum(min_count=1).where(g[column].count() == g.size())
 
 
 def per_window(rows: pd.DataFrame) -> pd.DataFrame:
@@ -39,17 +40,18 @@ def per_window(rows: pd.DataFrame) -> pd.DataFrame:
     keys = [*WINDOW_KEYS, "pp_rank"]
     gpus = ok[ok["gpu_uuid"].notna()].drop_duplicates([*WINDOW_KEYS, "gpu_uuid"]).copy()
     gpus["_j"] = (gpus["gpu_energy_mj"] / 1e3).where(gpus["gpu_energy_status"].isin(MEASURED))
-    energy = gpus.groupby(keys, sort=True).agg(gpu_energy_j=("_j", _sum_all),
-                                               n_gpus=("gpu_uuid", "nunique"))
+    g = gpus.groupby(keys, sort=True)
+    # A GPU counts once per window, so the stage's GPUs are its rows here.
+    energy = pd.DataFrame({"gpu_energy_j": _complete_sum(g, "_j"), "n_gpus": g.size()})
     procs = ok.drop_duplicates([*WINDOW_KEYS, "host", "pid"])
     cpu = procs.groupby(keys, sort=True)["cpu_time_s"].sum(min_count=1).rename("cpu_time_s")
     out = pd.concat([energy, cpu], axis=1).reset_index()
     out["n_gpus"] = out["n_gpus"].fillna(0).astype(int)
-    window_sum = out.groupby(WINDOW_KEYS, sort=False)
-    out["gpu_energy_share"] = out["gpu_energy_j"] / window_sum["gpu_energy_j"].transform(
-        lambda s: s.sum() if s.notna().all() else np.nan)
-    out["cpu_time_share"] = out["cpu_time_s"] / window_sum["cpu_time_s"].transform(
-        lambda s: s.sum() if s.notna().all() else np.nan)
+    window = out.groupby(WINDOW_KEYS, sort=False)
+    for col, share in (("gpu_energy_j", "gpu_energy_share"), ("cpu_time_s", "cpu_time_share")):
+        total = window[col].transform("sum").where(
+            window[col].transform("count") == window[col].transform("size"))
+        out[share] = out[col] / total
     return out
 
 
@@ -76,12 +78,10 @@ def _per_gpu_ratio(rows: pd.DataFrame) -> pd.DataFrame:
     ok = rows[(rows["status"] == "ok") & rows["gpu_uuid"].notna()]
     gpus = ok.drop_duplicates([*WINDOW_KEYS, "gpu_uuid"]).copy()
     gpus["_j"] = gpus["gpu_energy_mj"].where(gpus["gpu_energy_status"].isin(MEASURED))
-    g = gpus.groupby(WINDOW_KEYS, sort=True)["_j"]
-
-    def ratio(s):
-        return s.max() / s.min() if s.notna().all() and len(s) and s.min() > 0 else np.nan
-
-    return g.agg(ratio).rename("gpu_energy_max_min_ratio").reset_index()
+    g = gpus.groupby(WINDOW_KEYS, sort=True)
+    lo, hi = g["_j"].min(), g["_j"].max()
+    ratio = (hi / lo).where((g["_j"].count() == g.size()) & (lo > 0))
+    return ratio.rename("gpu_energy_max_min_ratio").reset_index()
 
 
 def summary_columns(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -92,13 +92,15 @@ def summary_columns(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     if len(w):
         g = w.groupby(WINDOW_KEYS, sort=False)
 
-        def mm(s):
-            return s.max() / s.min() if len(s) >= 2 and s.notna().all() and s.min() > 0 \
-                else np.nan
+        def mm(column: str) -> pd.Series:
+            """max/min over the window's stages: 2 or more, all present, min > 0."""
+            lo, hi = g[column].min(), g[column].max()
+            n = g.size()
+            return (hi / lo).where((n >= 2) & (g[column].count() == n) & (lo > 0))
 
         per = pd.DataFrame({
             "share_max": g["gpu_energy_share"].max(), "share_min": g["gpu_energy_share"].min(),
-            "energy_ratio": g["gpu_energy_j"].agg(mm), "cpu_ratio": g["cpu_time_s"].agg(mm),
+            "energy_ratio": mm("gpu_energy_j"), "cpu_ratio": mm("cpu_time_s"),
             "stages": g["pp_rank"].nunique(),
         }).reset_index()
         gpu_ratio = _per_gpu_ratio(rows)

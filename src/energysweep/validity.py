@@ -157,12 +157,10 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     mask = _throttle_mask(c["throttle_reasons"])
     throttled = _per_point(vg.assign(_t=((reasons_or & mask) != 0).astype(float)), s, "_t",
                            "any") > 0
-    seen = vg.assign(_r=reasons_or)
-    seen_pos = _point_index(seen, s)
+    seen_pos = _point_index(vg, s)
     seen_mask = np.zeros(n, dtype=np.int64)
-    for p, m in zip(seen_pos, seen["_r"], strict=True):
-        if p >= 0:
-            seen_mask[p] |= int(m)
+    keep = seen_pos >= 0
+    np.bitwise_or.at(seen_mask, seen_pos[keep], reasons_or.to_numpy()[keep])
     s["clock_event_reasons_seen"] = [rc.reason_names(m) or None for m in seen_mask]
 
     # Idle stability: GPUs of the point's job(s), over the job's idle baseline.

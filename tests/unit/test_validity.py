@@ -22,7 +22,7 @@ import fake_pynvml
 from tests_rows import row
 
 # Thresholds scaled to 0.25 s windows (the defaults are for real sweeps: 5 s, 20 s, 32 its).
-FAST = {"counter_period_s": 0.005, "min_counter_periods": 10, "min_iterations": 2,
+FAST = {"counter_period_s": 0.005, "min_counter_periods": 5, "min_iterations": 2,
         "min_steady_state_s": 0.1, "min_ok_repetitions": 3, "max_ci_half_width": 0.5}
 WINDOW_S = 0.25
 
@@ -95,12 +95,14 @@ def test_healthy_job_is_valid_and_timeline_agrees(fake_nvml):
 
 def test_slow_counter_period_makes_window_short(fake_nvml):
     mod = fake_nvml(fake_pynvml.h100s(1))
-    mod.fake_gpus[0].counter_period_s = 0.05  # 10 periods = 0.5 s > the 0.25 s windows
+    mod.fake_gpus[0].counter_period_s = 0.1  # 5 periods = 0.5 s > the 0.25 s windows
     rows, power, idle = run_job(mod, mod.fake_gpus)
     s, _ = verdict(rows, power, idle=idle)
-    assert 0.04 <= s["observed_counter_period_s"].iloc[0] <= 0.07
+    # Observed from 100 Hz samples: an upper bound (a loaded machine samples less often).
+    assert 0.09 <= s["observed_counter_period_s"].iloc[0] <= 0.25
     assert s["counter_period_s"].iloc[0] == s["observed_counter_period_s"].iloc[0]
-    assert codes(s) == {"window_short"}
+    # A counter that ticks twice a window also disagrees with the timeline (quantization).
+    assert "window_short" in codes(s) and codes(s) <= {"window_short", "recheck_mismatch"}
 
 
 def test_stuck_counter(fake_nvml):

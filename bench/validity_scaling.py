@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
 from energysweep import aggregate, recheck, shards, stages, validity  # noqa: E402
+
 from tests_rows import row  # noqa: E402
 
 

@@ -111,19 +111,37 @@ def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["job_id", "idle_start_ns", "idle_end_ns"])
 
 
+def _slice_reduce(ufunc, values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``ufunc.reduce(values[lo[i]:hi[i]])`` for every i (empty slices give values' 0th or a
+    filler: callers mask them)."""
+    if not len(lo):
+        return np.zeros(0, dtype=values.dtype)
+    padded = np.append(values, values[:1] if len(values) else [0])  # hi may equal len(values)
+    idx = np.empty(2 * len(lo), dtype=np.int64)
+    idx[0::2], idx[1::2] = lo, np.maximum(hi, lo)
+    # reduceat reduces [idx[k], idx[k+1]); for pairs (lo, hi) with lo < hi that is the slice.
+    return ufunc.reduceat(padded, idx)[0::2]
+
+
+def _slice_sum(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    cum = np.concatenate([[0], np.cumsum(values)])
+    return cum[hi] - cum[lo]
+
+
 class _Timeline:
     """One GPU's samples in one job: integral and statistics over any set of intervals."""
 
-    def __init__(self, samples: pd.DataFrame):
-        s = samples.sort_values("time_ns")
-        p = s["power_mw"].to_numpy(dtype=float) / 1e3
+    def __init__(self, time_ns: np.ndarray, power_mw: np.ndarray, counter_mj: np.ndarray,
+                 reasons: np.ndarray):
+        """Arrays of one GPU's samples, sorted by time (nulls as NaN)."""
+        p = power_mw / 1e3
         keep = ~np.isnan(p)
-        self.t_ns = s["time_ns"].to_numpy(dtype=np.int64)[keep]
+        self.t_ns = time_ns[keep]
         self.t0 = self.t_ns[0] if len(self.t_ns) else 0
         self.t = (self.t_ns - self.t0) / 1e9  # seconds from the first sample: float precision
         self.p = p[keep]
-        self.counter = s["energy_counter_mj"].to_numpy(dtype=float)[keep]
-        reasons = s["clock_event_reasons"].to_numpy(dtype=float)[keep]
+        self.counter = counter_mj[keep]
+        reasons = reasons[keep]
         self.has_reasons = ~np.isnan(reasons)
         self.reasons = np.nan_to_num(reasons).astype(np.int64)
         steps = np.diff(self.t) * (self.p[1:] + self.p[:-1]) / 2
@@ -145,7 +163,7 @@ class _Timeline:
         px = p[k] + (p[k + 1] - p[k]) * (x - t[k]) / (t[k + 1] - t[k])
         return self.cum[k] + (x - t[k]) * (p[k] + px) / 2
 
-    def windows(self, start_ns: np.ndarray, end_ns: np.ndarray) -> pd.DataFrame:
+    def windows(self, start_ns: np.ndarray, end_ns: np.ndarray) -> dict:
         """Re-check figures of every [start, end] at once; ``status`` says where they cannot
         be had."""
         start_ns = np.asarray(start_ns, dtype=np.int64)
@@ -159,14 +177,22 @@ class _Timeline:
             mean = (self.cum_p[hi] - self.cum_p[lo]) / n_in
             var = np.maximum((self.cum_p2[hi] - self.cum_p2[lo]) / n_in - mean**2, 0)
         out["power_std_w"] = np.where(n_in >= 2, np.sqrt(var), np.nan)
+        # Per window: the OR of the clock event reasons, and whether the counter moved between
+        # the first and last sample (reduceat over (lo, hi) pairs: one pass, no Python loop).
+        has = n_in > 0
         reasons = np.full(m, None, dtype=object)
+        n_reasons = _slice_sum(self.has_reasons.astype(np.int64), lo, hi)
+        ored = _slice_reduce(np.bitwise_or, self.reasons, lo, hi)
+        with_reasons = has & (n_reasons > 0)
+        reasons[with_reasons] = ored[with_reasons].tolist()
         stuck = np.full(m, None, dtype=object)
         counted = ~np.isnan(self.counter)
-        for i in np.flatnonzero(n_in > 0):  # per window: an OR and two counter reads
-            sl = slice(lo[i], hi[i])
-            if self.has_reasons[sl].any():
-                reasons[i] = int(np.bitwise_or.reduce(self.reasons[sl][self.has_reasons[sl]]))
-            c = self.counter[sl][counted[sl]]
+        all_counted = _slice_sum(counted.astype(np.int64), lo, hi) == n_in
+        simple = (n_in >= 2) & all_counted
+        if simple.any():
+            stuck[simple] = (self.counter[lo[simple]] == self.counter[hi[simple] - 1]).tolist()
+        for i in np.flatnonzero((n_in >= 2) & ~all_counted):  # some samples lack the counter
+            c = self.counter[lo[i]:hi[i]][counted[lo[i]:hi[i]]]
             if len(c) >= 2:
                 stuck[i] = bool(c[-1] == c[0])
         out["clock_event_reasons"], out["counter_stuck"] = reasons, stuck
@@ -184,8 +210,7 @@ class _Timeline:
             inner = np.zeros(len(a))
             multi = hi_ok - lo_ok >= 2
             if multi.any():  # the largest gap between consecutive samples inside each window
-                inner[multi] = [diffs[x:y - 1].max()
-                                for x, y in zip(lo_ok[multi], hi_ok[multi], strict=True)]
+                inner[multi] = _slice_reduce(np.maximum, diffs, lo_ok[multi], hi_ok[multi] - 1)
             gap[ok] = np.maximum.reduce([self.t[lo_ok] - a, b - self.t[hi_ok - 1], inner])
         out["timeline_energy_j"], out["max_sample_gap_s"] = energy, gap
         status = np.where(ok, OK, np.where(covered, FEW_SAMPLES, NOT_COVERED)).astype(object)
@@ -193,11 +218,34 @@ class _Timeline:
         out["detail"] = np.where(
             ok, None, np.where(covered, [f"{k} power sample(s) inside the window" for k in n_in],
                                "the power samples do not span the window")).astype(object)
-        return pd.DataFrame(out)
+        return out
 
     def window(self, start_ns: int, end_ns: int) -> dict:
-        """:meth:`windows` of one interval, as a dict."""
-        return self.windows(np.array([start_ns]), np.array([end_ns])).iloc[0].to_dict()
+        """:meth:`windows` of one interval."""
+        return {k: v[0] for k, v in self.windows(np.array([start_ns]),
+                                                 np.array([end_ns])).items()}
+
+
+def timelines(power: pd.DataFrame) -> dict:
+    """(job_id, gpu_uuid) -> :class:`_Timeline`, built from one sort of all samples."""
+    power = power[power["gpu_uuid"].notna() & power["time_ns"].notna()] if len(power) else power
+    if not len(power):
+        return {}
+    job = pd.factorize(power["job_id"])
+    gpu = pd.factorize(power["gpu_uuid"])
+    t_ns = power["time_ns"].to_numpy(dtype=np.int64)
+    order = np.lexsort((t_ns, gpu[0], job[0]))
+    key = (job[0] * len(gpu[1]) + gpu[0])[order]
+    cols = [t_ns[order]] + [power[c].to_numpy(dtype=float, na_value=np.nan)[order] for c in (
+        "power_mw", "energy_counter_mj", "clock_event_reasons")]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    ends = np.r_[starts[1:], len(key)]
+    out = {}
+    for a, b in zip(starts, ends, strict=True):
+        k = key[a]
+        out[(job[1][k // len(gpu[1])], gpu[1][k % len(gpu[1])])] = _Timeline(
+            *(c[a:b] for c in cols))
+    return out
 
 
 def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -234,38 +282,44 @@ def recheck(rows: pd.DataFrame, power: pd.DataFrame,
         over its job's idle baseline; counter energy = idle power x idle window).
     """
     gw = _gpu_windows(rows).reset_index(drop=True)
-    timelines = {
-        key: _Timeline(g) for key, g in power.groupby(["job_id", "gpu_uuid"], sort=False)
-    } if len(power) else {}
-    base = gw[WINDOW_KEYS].copy()
-    base["scope"] = "gpu"
+    tls = timelines(power)
+    n = len(gw)
+    table = gw[WINDOW_KEYS].copy()
+    table["scope"] = "gpu"
     for c in ("gpu_uuid", "pp_rank", "window_start_ns", "window_end_ns", "counter_energy_j"):
-        base[c] = gw[c]
-    base["duration_s"] = (gw["window_end_ns"] - gw["window_start_ns"]) / 1e9
-    no_counter = base["counter_energy_j"].isna() | base["duration_s"].isna()
-    why = np.where(gw["gpu_uuid"].isna(), "no GPU energy measured",
-                   "window status " + gw["status"].astype(str) + ", GPU energy "
-                   + gw["gpu_energy_status"].astype(str))
-    parts = [base[no_counter].assign(status=NO_COUNTER, detail=why[no_counter.to_numpy()],
-                                     samples=0)]
-    rest = base[~no_counter]
-    for (job, gpu), idx in rest.groupby(["job_id", "gpu_uuid"], sort=False).groups.items():
-        tl = timelines.get((job, gpu))
-        part = rest.loc[idx]
+        table[c] = gw[c]
+    table["duration_s"] = (gw["window_end_ns"] - gw["window_start_ns"]) / 1e9
+    res = {"samples": np.zeros(n, dtype=np.int64), "timeline_energy_j": np.full(n, np.nan),
+           "max_sample_gap_s": np.full(n, np.nan), "power_std_w": np.full(n, np.nan),
+           "observed_counter_period_s": np.full(n, np.nan),
+           "counter_stuck": np.full(n, None, dtype=object),
+           "clock_event_reasons": np.full(n, None, dtype=object),
+           "status": np.full(n, NO_TIMELINE, dtype=object),
+           "detail": np.full(n, "no power samples of this GPU (measurement.sampler_hz 0?)",
+                             dtype=object)}
+    no_counter = (table["counter_energy_j"].isna() | table["duration_s"].isna()).to_numpy()
+    res["status"][no_counter] = NO_COUNTER
+    res["detail"][no_counter] = np.where(
+        gw["gpu_uuid"].isna(), "no GPU energy measured",
+        "window status " + gw["status"].astype(str) + ", GPU energy "
+        + gw["gpu_energy_status"].astype(str))[no_counter]
+    start = gw["window_start_ns"].to_numpy(dtype=float, na_value=np.nan)
+    end = gw["window_end_ns"].to_numpy(dtype=float, na_value=np.nan)
+    rest = gw[~no_counter]
+    for (job, gpu), idx in rest.groupby(["job_id", "gpu_uuid"], sort=False).indices.items():
+        tl = tls.get((job, gpu))
         if tl is None or not len(tl.t):
-            parts.append(part.assign(status=NO_TIMELINE, samples=0, detail=(
-                "no power samples of this GPU (measurement.sampler_hz 0?)")))
-            continue
-        checked = tl.windows(part["window_start_ns"].to_numpy(dtype=np.int64),
-                             part["window_end_ns"].to_numpy(dtype=np.int64))
-        parts.append(pd.concat([part.reset_index(drop=True), checked], axis=1))
-    records = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(
-        len(p) for p in parts) else pd.DataFrame()
-    table = records.reindex(columns=[c for c in VALIDATION_COLUMNS
-                                     if c != "timeline_counter_ratio"])
+            continue  # stays no-timeline
+        pos = rest.index.to_numpy()[idx]
+        for k, v in tl.windows(start[pos].astype(np.int64), end[pos].astype(np.int64)).items():
+            res[k][pos] = v
+    for k, v in res.items():
+        table[k] = v
+    table = table.reindex(columns=[c for c in VALIDATION_COLUMNS
+                                   if c != "timeline_counter_ratio"])
     table = pd.concat([table, _window_rows(table)], ignore_index=True)
     if idle is not None and len(idle) and len(rows):
-        table = pd.concat([table, _idle_rows(rows, idle, timelines)], ignore_index=True)
+        table = pd.concat([table, _idle_rows(rows, idle, tls)], ignore_index=True)
     table["timeline_counter_ratio"] = table["timeline_energy_j"] / table["counter_energy_j"].where(
         table["counter_energy_j"] > 0)
     table["clock_event_reason_names"] = [reason_names(m) for m in table["clock_event_reasons"]]
@@ -295,10 +349,16 @@ def _window_rows(gpu_rows: pd.DataFrame) -> pd.DataFrame:
         "observed_counter_period_s": g["observed_counter_period_s"].max(),
         "counter_stuck": g["_stuck"].max().map(lambda v: None if pd.isna(v) else bool(v)),
     })
-    reasons = gpu_rows[gpu_rows["clock_event_reasons"].notna()]
-    out["clock_event_reasons"] = reasons.groupby(WINDOW_KEYS, sort=True, dropna=False)[
-        "clock_event_reasons"].agg(lambda s: int(np.bitwise_or.reduce(s.astype(np.int64)))) \
-        if len(reasons) else None
+    # OR over the window's GPUs, bit by bit (groupby max of each bit: no per-window Python).
+    bits = gpu_rows["clock_event_reasons"].astype(float).fillna(0).astype(np.int64)
+    known = g["_reasons"].count() > 0
+    by_window = [gpu_rows[k] for k in WINDOW_KEYS]
+    ored = sum(
+        ((bits // 2**b) % 2).groupby(by_window, sort=True, dropna=False).max() * 2**b
+        for b in range(max(CLOCK_EVENT_REASONS.values()).bit_length())
+    )
+    out["clock_event_reasons"] = [int(v) if k else None for v, k in zip(
+        ored.reindex(out.index), known, strict=True)]
     bad = gpu_rows[gpu_rows["status"] != OK]
     statuses = bad.groupby(WINDOW_KEYS, sort=True, dropna=False)["status"].agg(
         lambda s: ",".join(sorted(set(s)))) if len(bad) else pd.Series(dtype=object)

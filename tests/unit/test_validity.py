@@ -211,9 +211,10 @@ def test_idle_unstable_from_timeline():
 def test_trapezoid_integral_with_interpolated_edges():
     t = np.array([0.0, 1.0, 2.0, 3.0])
     p = np.array([100.0, 200.0, 200.0, 100.0])  # W
-    tl = recheck._Timeline(pd.DataFrame({
-        "time_ns": (t * 1e9).astype(np.int64), "power_mw": p * 1e3,
-        "energy_counter_mj": [0, 150_000, 350_000, 500_000], "clock_event_reasons": None}))
+    tl = recheck.timelines(pd.DataFrame({
+        "job_id": "j", "gpu_uuid": "GPU-a", "time_ns": (t * 1e9).astype(np.int64)[::-1],
+        "power_mw": p[::-1] * 1e3, "energy_counter_mj": [500_000, 350_000, 150_000, 0],
+        "clock_event_reasons": None}))[("j", "GPU-a")]  # sorted by time on the way in
     out = tl.window(int(0.5e9), int(2.5e9))
     # [0.5, 1]: 150 -> 200 W (87.5 J); [1, 2]: 200 J; [2, 2.5]: 200 -> 150 W (87.5 J).
     assert out["timeline_energy_j"] == pytest.approx(375.0)

@@ -33,7 +33,7 @@ REASONS: dict[str, str] = {
     "counter_stuck": "a GPU's energy counter did not move over a window spanning 2+ periods",
     "window_short": "median window < validity.min_counter_periods x counter period",
     "few_iterations": "median window ran < validity.min_iterations iterations",
-    "steady_state_short": "median steady state < validity.min_steady_state_s",
+    "steady_state_short": "steady state behind the figure < validity.min_steady_state_s",
     "few_repetitions": "ok repetitions < validity.min_ok_repetitions",
     "ci_wide": "95% CI half-width of energy per token > validity.max_ci_half_width x median",
     "batch_not_full": "requests per iteration < validity.min_batch_fill x batch_size x dp",
@@ -126,7 +126,11 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
     win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
     s["batch_fill"] = _per_point(win, s, "batch_fill", "median")
-    s["steady_state_s"] = s["window_s"]  # every window runs full batches after warm-up
+    # Steady state behind the point's figure: the ok windows' total time. A window runs only
+    # full batches after the warm-up iterations, so all of it is steady state (batch_fill
+    # says whether the batches were full).
+    s["steady_state_s"] = _per_point(
+        win.assign(_d=(win["window_end_ns"] - win["window_start_ns"]) / 1e9), s, "_d", "sum")
 
     vw = validation[(validation["scope"] == "window") & validation["phase"].isin(HEADLINE_PHASES)]
     vw = vw.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")  # ok windows only

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv vllm-env lint dryrun report clean bench slurm-up slurm-down
+.PHONY: run test venv vllm-env lint dryrun report clean bench slurm-up slurm-down preflight
 
 venv: $(STAMP)
 
@@ -80,6 +80,12 @@ lint: $(STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) --lint
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/snakefmt --check Snakefile rules
+
+# Can this machine (or, with PROFILE=profiles/slurm, the sweep's nodes) measure energy? Always
+# reruns; prints a one-screen verdict; non-zero when measurement.require_energy is not met.
+PROFILE ?= profiles/local
+preflight: $(STAMP)
+	$(if $(filter profiles/local,$(PROFILE)),$(NO_SLURM)) $(SNAKEMAKE) --profile $(PROFILE) --forcerun preflight_node preflight
 
 dryrun: $(STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) -n --profile profiles/local

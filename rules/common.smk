@@ -197,6 +197,19 @@ def get_final_outputs():
     ]
 
 
+def get_preflight_slots():
+    """Node slots preflight checks: as many as the largest layout of the sweep spans."""
+    return list(range(max([get_nodes(j) for j in JOBS.itertuples()], default=1)))
+
+
+def get_preflight_gpus(wildcards):
+    """GPUs of one preflight job: as many as one node of the sweep's largest layout uses."""
+    return min(
+        config["parallel"]["gpus_per_node"],
+        max([world_size(j) for j in JOBS.itertuples()], default=1),
+    )
+
+
 def get_mem_mb(wildcards, attempt):
     """Host memory per node (sbatch --mem); a retry after an OOM kill asks for more, at most
     parallel.mem_mb_per_node (more could never be granted: the job would wait for ever).

@@ -20,4 +20,7 @@ with step_log(sm.log[0], sm.rule):
         jobs=jobs,
         environment_out=sm.output.environment,
         snakemake_args=rerun_args,
+        validation_out=sm.output.validation,
+        stages_out=sm.output.stages,
+        validity_config=sm.params.validity,
     )

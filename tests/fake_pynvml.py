@@ -7,6 +7,8 @@ fails if a faked function disappears from, or changes its parameters in, the rea
 
 from __future__ import annotations
 
+import math
+import time
 import types
 from dataclasses import dataclass
 
@@ -33,6 +35,8 @@ FAKED = [
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetMaxClockInfo",
     "nvmlSystemGetCudaDriverVersion",
+    # The sampler and preflight: why clocks are below maximum.
+    "nvmlDeviceGetCurrentClocksEventReasons",
     # Zeus calls these while it sets up its GPUs.
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetC2cModeInfoV",
@@ -48,6 +52,14 @@ class FakeGpu:
     power_mw: int = 300_000
     supports_energy: bool = True
     temperature_c: int = 40
+    # An NVML clock event reason bitmask (real nvmlClocksEventReason* values).
+    clock_event_reasons: int = 0
+    # When set, the energy counter advances by itself, as the driver's does: every
+    # counter_period_s it adds the energy of that period at counter_rate_mw (default power_mw),
+    # counted from when the fake module was made. counter_stuck freezes it.
+    counter_period_s: float | None = None
+    counter_rate_mw: int | None = None
+    counter_stuck: bool = False
 
 
 class _Handle:
@@ -66,7 +78,7 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
     for name in dir(real):
         if name.startswith(("NVML", "NVMLError")) or name == "NVMLError":
             setattr(mod, name, getattr(real, name))
-    state = {"init": 0}
+    state = {"init": 0, "t0": time.monotonic()}
     mod.fake_gpus = gpus
 
     def need_init():
@@ -110,7 +122,11 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         g = gpu(handle)
         if not g.supports_energy:
             raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
-        return g.energy_mj
+        if g.counter_period_s is None or g.counter_stuck:
+            return g.energy_mj
+        ticks = math.floor((time.monotonic() - state["t0"]) / g.counter_period_s)
+        rate = g.power_mw if g.counter_rate_mw is None else g.counter_rate_mw
+        return g.energy_mj + int(ticks * g.counter_period_s * rate)
 
     def nvmlDeviceGetTemperature(handle, sensor):
         return gpu(handle).temperature_c
@@ -159,6 +175,7 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         "nvmlDeviceGetMaxClockInfo": nvmlDeviceGetMaxClockInfo,
         "nvmlSystemGetCudaDriverVersion": lambda: (need_init(), 13000)[1],
         "nvmlDeviceGetArchitecture": nvmlDeviceGetArchitecture,
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda handle: gpu(handle).clock_event_reasons,
         "nvmlDeviceGetC2cModeInfoV": nvmlDeviceGetC2cModeInfoV,
     }
     assert sorted(funcs) == sorted(FAKED)

@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from energysweep import shards
+from energysweep import shards, validity
 
 POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
 WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
@@ -112,6 +112,9 @@ NOT_TRAINING = "not-applicable (inference: no optimizer steps)"
 NO_OUTPUT_TOKENS = "not-applicable (training generates no output tokens)"
 # Free-text columns: null means "nothing to report", not "not measured".
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
+# The validity verdict, re-check and stage columns (energysweep.validity) explain their nulls too.
+NULL_STATUS.update(validity.NULL_STATUS)
+INFO_COLUMNS |= validity.INFO_COLUMNS
 
 
 # The shard columns windows() reads; aggregate() converts only these to pandas.
@@ -914,13 +917,18 @@ def aggregate(
     paths: list[str | Path], energy_out: str | Path, summary_out: str | Path,
     jobs: list[str | Path] | None = None, environment_out: str | Path | None = None,
     snakemake_args: list[str] | None = None,
+    validation_out: str | Path | None = None, stages_out: str | Path | None = None,
+    validity_config: dict | None = None,
 ) -> None:
     """Merge shards or job tables (``paths``; same schema) into ``energy_out`` (a hive-partitioned
     Parquet dataset, see
     :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
 
     With ``jobs`` (job.json paths), every job table is verified against its job.json first
-    (:func:`merge`); with ``environment_out`` too, also write the environment table.
+    (:func:`merge`); with ``environment_out`` too, also write the environment table. With
+    ``validation_out``/``stages_out``, also re-check every window against the jobs' power
+    timelines, write the validation table and the per-stage table, and add the validity verdict
+    to the summary (energysweep.validity; thresholds ``validity_config``).
 
     All or nothing: everything is read, checked and computed before the first write; each
     output is written to a temp name beside it, and only when all are written are they renamed
@@ -931,36 +939,44 @@ def aggregate(
         MergeInputError: a job table or job.json is missing, unreadable, or disagrees with its
             job.json; the message names each, its job, and the command that reruns it.
     """
+    import pyarrow.parquet as pq
+
     records = load_job_records(jobs, snakemake_args) if jobs is not None else None
     table = merge(paths, records, snakemake_args)
     summary = summarize(windows(table.select(WINDOW_COLUMNS).to_pandas()))
-    env = None
+    validation = stages = None
+    if validation_out is not None or stages_out is not None:
+        summary, validation, stages = validity.evaluate(
+            summary, table.select(validity.ROW_COLUMNS).to_pandas(), jobs or [], validity_config,
+        )
+    # (output path, writer of a temp file beside it), in publishing order.
+    files: list[tuple[Path, object]] = [
+        (Path(summary_out), lambda tmp: summary.to_csv(tmp, index=False)),
+    ]
     if jobs is not None and environment_out is not None:
         env = pa.Table.from_pandas(environment_table(jobs, records), preserve_index=False)
-    energy_out, summary_out = Path(energy_out), Path(summary_out)
+        files.append((Path(environment_out), lambda tmp: pq.write_table(env, tmp)))
+    if validation_out is not None:
+        files.append((Path(validation_out), lambda tmp: pq.write_table(
+            pa.Table.from_pandas(validation, preserve_index=False), tmp)))
+    if stages_out is not None:
+        files.append((Path(stages_out), lambda tmp: stages.to_csv(tmp, index=False)))
+    energy_out = Path(energy_out)
     staged: list[tuple[Path, Path]] = []
     writing = energy_out
     try:
         staged.append((_write_dataset_tmp(table, energy_out), energy_out))
-        summary_out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{summary_out.name}-", dir=summary_out.parent)
-        os.close(fd)
-        staged.append((Path(tmp), summary_out))
-        writing = summary_out
-        summary.to_csv(tmp, index=False)
-        if env is not None:
-            env_out = writing = Path(environment_out)
-            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{env_out.name}-", dir=env_out.parent)
-            os.close(fd)
-            staged.append((Path(tmp), env_out))
-            import pyarrow.parquet as pq
-
-            pq.write_table(env, tmp)
         umask = os.umask(0)
         os.umask(umask)
+        for out, write in files:
+            writing = out
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{out.name}-", dir=out.parent)
+            os.close(fd)
+            staged.append((Path(tmp), out))
+            write(tmp)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone
         for tmp_path, out in staged:
-            if tmp_path.is_file():  # mkstemp makes 0600; results are for everyone to read
-                os.chmod(tmp_path, 0o666 & ~umask)
             _swap_in(tmp_path, out)
         staged = []
     except OSError as exc:  # a full disk, say: name the output (pyarrow's errors do not)

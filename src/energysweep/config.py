@@ -116,6 +116,10 @@ def check(
     """
     base_dir = Path(base_dir)
     problems = []
+    # measurement.require_energy against the sources it needs (energysweep.require).
+    from energysweep.require import check_config
+
+    problems += check_config(config.get("measurement", {}))
     names = [m["name"] for m in config["models"]]
     for name in {n for n in names if names.count(n) > 1}:
         problems.append(

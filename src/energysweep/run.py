@@ -211,6 +211,7 @@ class JobMonitor:
         self.sampler = PowerSampler(self.gpu_uuids, self.sampler_hz, spec["job_id"], ctx.rank,
                                     ctx.host)
         self.idle_window_s: float | None = None
+        self.idle_ns: list[int | None] = [None, None]
         # uuid -> (power W or None, status); None key: the status of GPU-less readings.
         self.idle_gpu: dict[str | None, tuple[float | None, str]] = {}
         self.idle_host: tuple[float | None, str] = (None, STATUS_NOT_MEASURED)
@@ -260,11 +261,15 @@ class JobMonitor:
             dist.barrier()
             return
         t0 = self.clock()
+        # Wall-clock bounds (job.json timing): energysweep.validity checks the idle power
+        # timeline between them for stability.
+        self.idle_ns = [wall_ns(), None]
         self.energy.begin()
         self.host.begin()
         self.sleep(seconds)
         readings = self.energy.end()
         host = self.host.end()
+        self.idle_ns[1] = wall_ns()
         duration = self.clock() - t0
         dist.barrier()
         self.idle_window_s = duration
@@ -664,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(args.spec).read_text())
     t_start = time.time()
     ctx, audits, seeds = _start_ranks(spec)
+    # Fail closed (measurement.require_energy) before the model is loaded.
+    from energysweep.require import check_job
+
+    check_job(spec["measurement"], ctx.device, _gpu_uuids(ctx.device), ctx.local_rank, ctx.rank,
+              ctx.host, gather=dist.gather)
 
     from energysweep.backends import load_backend
     from energysweep.energy.sampler import write_power
@@ -714,6 +724,8 @@ def main(argv: list[str] | None = None) -> int:
             "rank0_wall_s": wall_s,
             "model_load_s": load_s,
             "idle_baseline_s": monitor.idle_window_s,
+            "idle_start_ns": monitor.idle_ns[0],
+            "idle_end_ns": monitor.idle_ns[1],
             "window_s": window_ns[0] / 1e9,
             "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
             "backend_startup": startups if any(startups) else None,

@@ -183,3 +183,51 @@ def test_unrunnable_layouts_listed_not_scheduled(tmp_path):
     assert set(zip(jobs.tp, jobs.pp, strict=True)) == {(1, 1)}
     dry = snakemake(wf, f"--configfile={cfg}", "-n")
     assert "tp~3" not in dry.stdout and "pp~8" not in dry.stdout
+
+
+@pytest.mark.timeout(300)
+def test_validity_recheck_and_stages_on_cpu_are_honest(local_run, tmp_path):
+    """On CPU no point may claim valid energy; the re-check recomputes from published data."""
+    wf, _ = local_run
+    s = pd.read_csv(wf / "results" / "summary.csv", keep_default_na=False,
+                    na_values=[""])
+    assert s["valid"].dtype == bool and not s["valid"].any()
+    reasons = s["invalid_reasons"].str.split(";")
+    assert reasons.map(lambda r: "no_gpu_energy" in r).all()
+    # The run's short windows and 2 repetitions fail the published-figure thresholds too.
+    assert reasons.map(lambda r: {"window_short", "few_repetitions"} <= set(r)).all()
+    assert s["validity_unchecked"].str.contains("recheck_mismatch").all()
+    assert (s["recheck_status"] == "not-applicable (no GPU energy)").all()
+    assert (s["gpu_count"] == s["tp"] * s["pp"] * s["dp"]).all()
+    pp2 = s[s["pp"] == 2]
+    assert len(pp2) and pp2["stage_cpu_time_max_min_ratio"].ge(1).all()
+    assert pp2["stage_status"].str.startswith("no-stage-energy").all()
+    stages = pd.read_csv(wf / "results" / "stages.csv")
+    assert stages["gpu_energy_j"].isna().all() and stages["cpu_time_s"].gt(0).all()
+    assert set(stages.loc[stages["pp"] == 2, "pp_rank"]) == {0, 1}
+    point = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "phase"]
+    shares = stages.groupby(point)["cpu_time_share"]
+    assert (shares.sum() - 1).abs().max() < 1e-9
+    published = pd.read_parquet(wf / "results" / "validation.parquet")
+    assert (published["status"] == "no-counter-energy").all()
+    out = tmp_path / "validation.parquet"
+    proc = subprocess.run(
+        ["python", "-m", "energysweep.recheck", "results/energy.parquet", "results/shards",
+         "-o", str(out)], cwd=wf, env=test_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    again = pd.read_parquet(out)
+    key = ["scope", "job_id", "batch_size", "repetition", "phase", "gpu_uuid"]
+    pd.testing.assert_frame_equal(published.sort_values(key).reset_index(drop=True),
+                                  again.sort_values(key).reset_index(drop=True))
+
+
+@pytest.mark.timeout(300)
+def test_preflight_target_on_cpu(local_run):
+    wf, cfg = local_run
+    proc = snakemake(wf, f"--configfile={cfg}", "preflight")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdict = (wf / "results" / "preflight" / "verdict.txt").read_text()
+    assert "no GPU that NVML can read" in verdict and "PASSED" in verdict
+    node = json.loads((wf / "results" / "preflight" / "node~0.json").read_text())
+    assert node["has_gpu"] is False and node["required"] == "none"
+    assert (wf / "results" / "preflight" / f"{node['host']}.json").is_file()

@@ -25,10 +25,10 @@ def test_fake_matches_real_api():
 def test_everything_energysweep_calls_is_faked():
     import re
 
-    from energysweep import envinfo
+    from energysweep import envinfo, preflight
     from energysweep.energy import sampler, zeus
 
-    src = "".join(inspect.getsource(m) for m in (es_nvml, envinfo, sampler, zeus))
+    src = "".join(inspect.getsource(m) for m in (es_nvml, envinfo, sampler, zeus, preflight))
     called = set(re.findall(r"pynvml\.(nvml[A-Za-z0-9_]+)\(", src))
     # envinfo calls its queries by name from tables.
     called |= {fn for _, fn, *_ in envinfo.GPU_QUERIES + envinfo.SYSTEM_QUERIES}

@@ -123,3 +123,16 @@ def test_zeus_and_cross_check_need_a_gpu():
     for kind in ("zeus", "cross-check"):
         with pytest.raises(RuntimeError, match=f"energy_source is {kind}"):
             energy.make_source(kind, "cpu", [])
+
+
+def test_preflight_compares_zeus_with_nvml(zeus_nvml, tmp_path):
+    from energysweep import preflight
+
+    fake = zeus_nvml(fake_pynvml.h100s(2), cuda_visible_devices="1")
+    g = fake.fake_gpus[1]
+    g.counter_period_s = 0.005
+    r = preflight.run(0.3, "gpu", cuda_visible_devices="1", rapl_root=tmp_path)
+    z = r["checks"]["zeus"]
+    assert z["status"] == "ok", z
+    assert list(z["zeus_nvml_ratio"]) == [g.uuid]
+    assert z["zeus_nvml_ratio"][g.uuid] == pytest.approx(1.0, abs=0.05)

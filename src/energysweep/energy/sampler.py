@@ -43,6 +43,8 @@ POWER_SCHEMA = pa.schema(
         pa.field("time_ns", pa.int64()),
         pa.field("power_mw", pa.int64()),
         pa.field("energy_counter_mj", pa.int64()),
+        # NVML clock event (throttle) reason bitmask at the sample; null where unreadable.
+        pa.field("clock_event_reasons", pa.int64()),
         pa.field("status", pa.string(), nullable=False),
         pa.field("detail", pa.string()),
     ]
@@ -94,6 +96,7 @@ class PowerSampler:
             "time_ns": None,
             "power_mw": None,
             "energy_counter_mj": None,
+            "clock_event_reasons": None,
             "status": status,
             "detail": detail,
         }
@@ -118,6 +121,12 @@ class PowerSampler:
                 row["energy_counter_mj"] = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
             except Exception:
                 row["energy_counter_mj"] = None  # pre-Volta: power only
+            try:  # why clocks are below maximum (energysweep.validity flags throttling)
+                row["clock_event_reasons"] = int(
+                    pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+                )
+            except Exception:
+                row["clock_event_reasons"] = None
             self.samples.append(row)
 
     def _loop(self) -> None:

@@ -1,0 +1,24 @@
+"""Snakemake step: energy preflight of the node this job landed on (energysweep.preflight)."""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
+
+from energysweep import preflight  # noqa: E402
+
+sm = snakemake  # noqa: F821
+with open(sm.log[0], "w") as log:
+    sys.stderr = sys.stdout = log
+    report = preflight.run(
+        require=sm.params.require,
+        max_idle_std_w=sm.params.max_idle_std_w,
+        throttle_reasons=sm.params.throttle_reasons,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        torch_uuids=preflight.torch_uuids,
+    )
+    out = Path(sm.output[0])
+    preflight.write_report(report, out.parent)  # results/preflight/<host>.json
+    preflight.write_report(report, out.parent, out.stem)  # this slot's declared output
+    print(preflight.verdict([report]))

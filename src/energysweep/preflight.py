@@ -1,0 +1,324 @@
+"""Preflight: can this node measure energy? One short job per node, before the reservation.
+
+Checks, each with a status (``ok``, ``fail``, ``warn``, ``unavailable``, ``skipped``) and the
+figures behind it:
+
+- ``nvml``: NVML loads (driver version);
+- ``gpus``: every allocated GPU (``CUDA_VISIBLE_DEVICES``, and torch's CUDA devices where torch
+  sees any) is found in NVML by UUID, so the sweep's by-UUID energy rows can be written;
+- per GPU ``counter``: the energy counter advances while polled for ``seconds``; its observed
+  update period and the read latency of one counter read;
+- per GPU ``idle_power``: mean and standard deviation of the power reading over the same time
+  (stable when the deviation is at most ``validity.max_idle_std_w``);
+- per GPU ``clocks``: SM clock against its maximum, and the clock event (throttle) reasons;
+- ``rapl``: host energy readable through powercap;
+- ``zeus``: where Zeus is installed, its energy for the same interval against NVML's.
+
+The verdict is ``gpu_energy`` and ``host_energy`` (ok or not, and why). The node's JSON goes to
+``results/preflight/<host>.json``; the exit status is non-zero only when the energy that
+``measurement.require_energy`` asks for is unavailable (``auto``: GPU energy when this node has
+a GPU). A node without a GPU says so plainly.
+
+Run: ``python -m energysweep.preflight --out results/preflight --require auto`` (the Snakemake
+target ``preflight`` runs it once per node slot and prints the verdicts: ``make preflight``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from energysweep.energy import nvml as es_nvml
+from energysweep.recheck import CLOCK_EVENT_REASONS, reason_names
+
+OK, FAIL, WARN, UNAVAILABLE, SKIPPED = "ok", "fail", "warn", "unavailable", "skipped"
+
+
+def _str(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def torch_uuids() -> list[str] | None:
+    """UUIDs of the CUDA devices torch sees (None where torch has no CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    out = []
+    for i in range(torch.cuda.device_count()):
+        u = str(torch.cuda.get_device_properties(i).uuid)
+        out.append(u if u.startswith("GPU-") else f"GPU-{u}")
+    return out
+
+
+def probe_gpu(pynvml, handle, seconds: float, max_idle_std_w: float, throttle_mask: int,
+              clock=time.monotonic) -> dict:
+    """Counter, idle power and clocks of one GPU, polled for ``seconds``."""
+    out: dict = {}
+    changes, latencies, powers = [], [], []
+    try:
+        last = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+    except Exception as exc:
+        out["counter"] = {"status": FAIL, "detail": f"no energy counter: {type(exc).__name__}"}
+        last = None
+    start = clock()
+    first = last
+    next_power = start
+    while clock() - start < seconds:
+        if last is not None:
+            t0 = time.perf_counter()
+            value = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+            latencies.append(time.perf_counter() - t0)
+            if value != last:
+                changes.append(clock())
+                last = value
+        if clock() >= next_power:  # power at 10 Hz, as the sampler reads it
+            powers.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
+            next_power += 0.1
+        time.sleep(0.001)
+    elapsed = clock() - start
+    if last is not None:
+        periods = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+        period = sorted(periods)[len(periods) // 2] if periods else None
+        c = {
+            "advanced": bool(changes), "changes": len(changes), "polled_s": elapsed,
+            "energy_mj": last - first,
+            "update_period_s": period,
+            "read_latency_us": 1e6 * sum(latencies) / len(latencies) if latencies else None,
+        }
+        if not changes:
+            c.update(status=FAIL, detail=f"the energy counter did not move in {elapsed:.1f} s "
+                     "(stuck counter: windows would read 0 J)")
+        elif period is None:
+            c.update(status=WARN, detail="counter moved once: update period not measurable; "
+                     "poll longer (--seconds)")
+        else:
+            c.update(status=OK, detail=f"advances every {period * 1e3:.0f} ms")
+        out["counter"] = c
+    if powers:
+        mean = sum(powers) / len(powers)
+        std = (sum((p - mean) ** 2 for p in powers) / len(powers)) ** 0.5
+        stable = std <= max_idle_std_w
+        out["idle_power"] = {
+            "status": OK if stable else WARN, "mean_w": mean, "std_w": std, "samples": len(powers),
+            "detail": f"{mean:.1f} W +/- {std:.2f} W" + ("" if stable else
+                                                          f" (std > {max_idle_std_w} W: unstable)"),
+        }
+    clocks: dict = {}
+    try:
+        clocks["sm_clock_mhz"] = int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        clocks["max_sm_clock_mhz"] = int(pynvml.nvmlDeviceGetMaxClockInfo(
+            handle, pynvml.NVML_CLOCK_SM))
+    except Exception as exc:
+        clocks["clock_error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        mask = int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        clocks["clock_event_reasons"] = mask
+        clocks["clock_event_reason_names"] = reason_names(mask)
+        clocks["status"] = FAIL if mask & throttle_mask else OK
+        clocks["detail"] = (f"throttled: {reason_names(mask & throttle_mask)}"
+                            if mask & throttle_mask else
+                            f"no throttling ({reason_names(mask) or 'no clock event reasons'})")
+    except Exception as exc:
+        clocks.update(status=UNAVAILABLE, detail=f"clock event reasons: {type(exc).__name__}")
+    out["clocks"] = clocks
+    return out
+
+
+def _zeus_check(uuids: list[str], seconds: float) -> dict:
+    """Zeus and NVML over the same window (the sweep's cross-check source), where Zeus is."""
+    import importlib.util
+
+    from energysweep.energy import CrossCheckSource
+    from energysweep.energy.nvml import NvmlSource
+
+    if importlib.util.find_spec("zeus") is None:
+        return {"status": SKIPPED, "detail": "zeus is not installed"}
+    try:
+        from energysweep.energy.zeus import ZeusSource
+
+        source = CrossCheckSource(NvmlSource(uuids), ZeusSource(uuids))
+        source.begin()
+        time.sleep(seconds)
+        readings = source.end()
+        source.close()
+    except Exception as exc:
+        return {"status": WARN, "detail": f"Zeus cannot measure here: {type(exc).__name__}: {exc}"}
+    ratios = {r.gpu_uuid: (r.energy_mj_zeus / r.energy_mj
+                           if r.energy_mj_zeus is not None and r.energy_mj else None)
+              for r in readings}
+    bad = [u for u, q in ratios.items() if q is None or abs(q - 1) > 0.1]
+    return {"status": WARN if bad else OK, "zeus_nvml_ratio": ratios,
+            "detail": f"Zeus / NVML energy over {seconds:.1f} s: " + ", ".join(
+                "n/a" if q is None else f"{q:.3f}" for q in ratios.values())
+            + (" (differ by more than 10%)" if bad else "")}
+
+
+def _rapl_check(root=None) -> dict:
+    from energysweep.energy.rapl import POWERCAP, make_host_source
+
+    try:
+        src = make_host_source("rapl", 0, root or POWERCAP)
+        src.begin()
+        time.sleep(0.2)
+        r = src.end()
+        src.close()
+    except Exception as exc:
+        return {"status": UNAVAILABLE, "detail": str(exc)}
+    if r.energy_mj is None:
+        return {"status": UNAVAILABLE, "detail": r.detail}
+    return {"status": OK, "detail": r.detail, "energy_mj_0_2s": r.energy_mj}
+
+
+def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0,
+        throttle_reasons=("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"),
+        cuda_visible_devices: str | None = None, torch_uuids=None, rapl_root=None,
+        zeus: bool = True) -> dict:
+    """All checks on this node; returns the report (see the module docstring).
+
+    Args:
+        torch_uuids: the CUDA devices' UUIDs, or a function returning them (called only where
+            NVML works); each must be found in NVML.
+        zeus: also compare Zeus with NVML where Zeus is installed.
+    """
+    pynvml = es_nvml.pynvml
+    mask = sum(CLOCK_EVENT_REASONS[n] for n in throttle_reasons)
+    report: dict = {"host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                        time.gmtime()),
+                    "require_energy": require, "checks": {}, "gpus": []}
+    checks = report["checks"]
+    checks["rapl"] = _rapl_check(rapl_root)
+    gpu_problem = None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        checks["nvml"] = {"status": UNAVAILABLE, "detail": f"{type(exc).__name__}: {exc}"}
+        gpu_problem = f"NVML cannot be loaded ({type(exc).__name__}): no GPU or no driver"
+    if gpu_problem is None:
+        try:
+            checks["nvml"] = {"status": OK,
+                              "driver": _str(pynvml.nvmlSystemGetDriverVersion()),
+                              "detail": f"{pynvml.nvmlDeviceGetCount()} GPU(s) visible to NVML"}
+            gpu_problem = _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask,
+                                      cuda_visible_devices, torch_uuids, zeus)
+        finally:
+            pynvml.nvmlShutdown()
+    report["has_gpu"] = bool(report["gpus"])
+    report["gpu_energy"] = {"ok": gpu_problem is None,
+                            "detail": gpu_problem or "every allocated GPU's counter advances"}
+    report["host_energy"] = {"ok": checks["rapl"]["status"] == OK,
+                             "detail": checks["rapl"]["detail"]}
+    need = require if require != "auto" else ("gpu" if report["has_gpu"] else "none")
+    report["required"] = need
+    report["pass"] = {"gpu": report["gpu_energy"]["ok"], "host": report["host_energy"]["ok"],
+                      "none": True}[need]
+    return report
+
+
+def _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask, cvd, torch_uuids,
+                zeus) -> str | None:
+    checks = report["checks"]
+    try:
+        allocated = es_nvml.resolve_visible_gpus(cvd)
+        missing = []
+    except ValueError as exc:
+        checks["gpus"] = {"status": FAIL, "detail": str(exc)}
+        return f"allocated GPUs cannot be resolved: {exc}"
+    nvml_uuids = {_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                  for i in range(pynvml.nvmlDeviceGetCount())}
+    if callable(torch_uuids):  # only where NVML works: importing torch takes seconds
+        torch_uuids = torch_uuids()
+    if torch_uuids:
+        missing = [u for u in torch_uuids if u not in nvml_uuids]
+        allocated = [u for u in torch_uuids if u in nvml_uuids]
+    if missing:
+        checks["gpus"] = {"status": FAIL, "missing_uuids": missing,
+                          "detail": f"{len(missing)} CUDA device(s) not found in NVML by UUID: "
+                                    + ", ".join(missing)}
+    elif not allocated:
+        checks["gpus"] = {"status": UNAVAILABLE, "detail": "no GPU allocated to this job"}
+        return "no GPU allocated to this job"
+    else:
+        checks["gpus"] = {"status": OK, "uuids": allocated,
+                          "detail": f"{len(allocated)} allocated GPU(s) found in NVML by UUID"}
+    gpus = []
+    for uuid in allocated:
+        h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        g = {"uuid": uuid, "index": int(pynvml.nvmlDeviceGetIndex(h)),
+             "name": _str(pynvml.nvmlDeviceGetName(h)),
+             "pci_bus_id": _str(pynvml.nvmlDeviceGetPciInfo_v3(h).busId)}
+        g.update(probe_gpu(pynvml, h, seconds, max_idle_std_w, mask))
+        gpus.append({**g, "handle": h})
+    if not zeus:
+        checks["zeus"] = {"status": SKIPPED, "detail": "not requested"}
+    else:
+        checks["zeus"] = _zeus_check(allocated, min(seconds, 1.0)) if gpus else {
+            "status": SKIPPED, "detail": "no GPU"}
+    report["gpus"] = [{k: v for k, v in g.items() if k != "handle"} for g in gpus]
+    if missing:
+        return checks["gpus"]["detail"]
+    stuck = [g["uuid"] for g in report["gpus"] if g.get("counter", {}).get("status") == FAIL]
+    if stuck:
+        return f"energy counter not advancing on {', '.join(stuck)}"
+    return None
+
+
+def verdict(reports: list[dict]) -> str:
+    """One screen: a line per node and check, then the overall verdict."""
+    lines = []
+    for r in reports:
+        lines.append(f"== {r['host']} (require_energy {r['require_energy']} -> {r['required']}): "
+                     f"{'PASS' if r['pass'] else 'FAIL'}")
+        if not r["has_gpu"]:
+            lines.append(f"   This node has no GPU that NVML can read: {r['gpu_energy']['detail']}."
+                         " GPU energy from it is recorded as unavailable (null), never 0.")
+        for name, c in r["checks"].items():
+            lines.append(f"   {name:<8} {c['status']:<11} {c.get('detail', '')}")
+        for g in r["gpus"]:
+            lines.append(f"   GPU {g['index']} {g['uuid']} ({g['name']})")
+            for name in ("counter", "idle_power", "clocks"):
+                if name in g:
+                    lines.append(f"     {name:<10} {g[name].get('status', ''):<11} "
+                                 f"{g[name].get('detail', '')}")
+        lines.append(f"   GPU energy: {'ok' if r['gpu_energy']['ok'] else 'NOT AVAILABLE'}"
+                     f" ({r['gpu_energy']['detail']}); host energy: "
+                     f"{'ok' if r['host_energy']['ok'] else 'not available'}")
+    passed = all(r["pass"] for r in reports)
+    lines.append(f"Preflight {'PASSED' if passed else 'FAILED'}: {len(reports)} node(s).")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, out_dir: str | Path, name: str | None = None) -> Path:
+    out = Path(out_dir) / f"{name or report['host']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Energy measurement preflight of this node.")
+    parser.add_argument("--out", default="results/preflight", help="directory for <host>.json")
+    parser.add_argument("--require", default="auto", choices=["auto", "gpu", "host", "none"],
+                        help="measurement.require_energy: what must be measurable")
+    parser.add_argument("--seconds", type=float, default=3.0, help="counter/idle polling time")
+    parser.add_argument("--max-idle-std-w", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    report = run(args.seconds, args.require, args.max_idle_std_w,
+                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                 torch_uuids=torch_uuids)
+    write_report(report, args.out)
+    print(verdict([report]))
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

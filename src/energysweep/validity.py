@@ -1,0 +1,243 @@
+"""A validity verdict on every summary point: ``valid`` and stable ``invalid_reasons`` codes.
+
+A point is valid when every check below that applies to it passes; each failing check adds its
+code to ``invalid_reasons`` (joined with ``;`` in the order of :data:`REASONS`). A check that
+cannot run on a point (no GPU energy, no timeline) is listed in ``validity_unchecked`` instead,
+and the point is never valid without GPU energy (``no_gpu_energy``). Thresholds come from the
+config section ``validity:`` (config/config.schema.yaml, README "Validity verdict", where each
+default's source is cited).
+
+Inputs are the point summary (energysweep.aggregate.summarize), the merged shard rows, and the
+re-check table (energysweep.recheck: timeline vs counter per window, observed counter period,
+clock event reasons, idle stability).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from energysweep import recheck as rc
+from energysweep import stages as st
+
+POINT_KEYS = rc.POINT_KEYS
+WINDOW_KEYS = rc.WINDOW_KEYS
+HEADLINE_PHASES = ("generate", "train")
+
+# Every reason code, in the order invalid_reasons lists them: code -> what it means.
+REASONS: dict[str, str] = {
+    "no_gpu_energy": "no GPU energy was measured for the point (CPU run, no NVML, or disabled)",
+    "partial_gpus": "a GPU of the layout has no energy figure, or fewer GPUs than tp*pp*dp",
+    "counter_stuck": "a GPU's energy counter did not move over a window spanning 2+ periods",
+    "window_short": "median window < validity.min_counter_periods x counter period",
+    "few_iterations": "median window ran < validity.min_iterations iterations",
+    "steady_state_short": "steady state behind the figure < validity.min_steady_state_s",
+    "few_repetitions": "ok repetitions < validity.min_ok_repetitions",
+    "ci_wide": "95% CI half-width of energy per token > validity.max_ci_half_width x median",
+    "batch_not_full": "requests per iteration < validity.min_batch_fill x batch_size x dp",
+    "idle_unstable": "a GPU's idle-baseline power std > validity.max_idle_std_w",
+    "throttled": "a validity.throttle_reasons clock event reason was seen during a window",
+    "no_timeline": "a window could not be re-checked against the power timeline",
+    "recheck_mismatch": "|timeline / counter - 1| > validity.max_recheck_deviation in a window",
+}
+# Checks that need GPU energy (listed as unchecked on points without it).
+GPU_CHECKS = ("partial_gpus", "counter_stuck", "ci_wide", "idle_unstable", "throttled",
+              "no_timeline", "recheck_mismatch")
+
+DEFAULTS = {
+    "counter_period_s": 0.1, "min_counter_periods": 50, "min_iterations": 32,
+    "min_steady_state_s": 20, "min_ok_repetitions": 3, "max_ci_half_width": 0.05,
+    "max_idle_std_w": 5, "throttle_reasons": ["hw_slowdown", "sw_thermal", "hw_thermal",
+                                              "hw_power_brake"],
+    "max_recheck_deviation": 0.1, "min_batch_fill": 1.0, "require_timeline": True,
+}
+
+# New summary columns -> status columns that explain a null in them (aggregate.NULL_STATUS).
+_GPU = ("gpu_energy_status", "status")
+NULL_STATUS: dict[str, tuple[str, ...]] = {
+    "steady_state_s": ("status",),
+    "batch_fill": ("status",),
+    "ci_half_width_fraction": ("ci_status", *_GPU),
+    "observed_counter_period_s": ("recheck_status", *_GPU),
+    "recheck_ratio": ("recheck_status", *_GPU),
+    "recheck_max_deviation": ("recheck_status", *_GPU),
+    "idle_gpu_power_std_w": ("idle_check_status", *_GPU),
+    "stage_gpu_energy_share_max": ("stage_status", *_GPU),
+    "stage_gpu_energy_share_min": ("stage_status", *_GPU),
+    "stage_gpu_energy_max_min_ratio": ("stage_status", *_GPU),
+    "stage_cpu_time_max_min_ratio": ("stage_status", "status"),
+    "gpu_energy_max_min_ratio": _GPU,
+    "gpu_model": _GPU,
+}
+# Free text where empty means "nothing to report".
+INFO_COLUMNS = {"invalid_reasons", "validity_unchecked", "clock_event_reasons_seen"}
+
+ROW_COLUMNS = sorted(set(rc.ROW_COLUMNS) | set(st.ROW_COLUMNS) | {
+    "requests", "iterations", "gpu_name"})
+
+
+def settings(cfg: dict | None) -> dict:
+    """``validity:`` config with defaults for missing keys."""
+    return {**DEFAULTS, **(cfg or {})}
+
+
+def _throttle_mask(names) -> int:
+    return int(sum(rc.CLOCK_EVENT_REASONS[n] for n in names))
+
+
+def _point_index(frame: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
+    """Position of each frame row's point in ``summary`` (-1 where none)."""
+    keys = summary[POINT_KEYS].reset_index(drop=True).reset_index().rename(
+        columns={"index": "_pos"})
+    merged = frame[POINT_KEYS].merge(keys, on=POINT_KEYS, how="left")
+    return merged["_pos"].fillna(-1).to_numpy(dtype=np.int64)
+
+
+def _per_point(frame: pd.DataFrame, summary: pd.DataFrame, column: str, how: str) -> np.ndarray:
+    """``how`` (median/max/min/any) of ``column`` per summary point; NaN where no row."""
+    pos = _point_index(frame, summary)
+    s = pd.Series(frame[column].to_numpy(), index=pos)
+    s = s[s.index >= 0]
+    if how == "any":
+        out = s.astype(float).groupby(level=0).max()
+    else:
+        out = s.astype(float).groupby(level=0).agg(how)
+    return out.reindex(range(len(summary))).to_numpy(dtype=float)
+
+
+def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame,
+             cfg: dict | None = None) -> pd.DataFrame:
+    """``summary`` with the verdict, re-check, stage and ML.ENERGY-parity columns added.
+
+    Args:
+        summary: one row per point (energysweep.aggregate.summarize).
+        rows: merged shard rows with at least :data:`ROW_COLUMNS`.
+        validation: the re-check table (energysweep.recheck.recheck).
+        cfg: the config's ``validity:`` section (defaults for missing keys).
+    """
+    if summary.empty:
+        return summary
+    c = settings(cfg)
+    s = summary.copy()
+    n = len(s)
+    ok_head = rows[(rows["status"] == "ok") & rows["phase"].isin(HEADLINE_PHASES)]
+    win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
+    win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
+    s["batch_fill"] = _per_point(win, s, "batch_fill", "median")
+    # Steady state behind the point's figure: the ok windows' total time. A window runs only
+    # full batches after the warm-up iterations, so all of it is steady state (batch_fill
+    # says whether the batches were full).
+    s["steady_state_s"] = _per_point(
+        win.assign(_d=(win["window_end_ns"] - win["window_start_ns"]) / 1e9), s, "_d", "sum")
+
+    vw = validation[(validation["scope"] == "window") & validation["phase"].isin(HEADLINE_PHASES)]
+    vw = vw.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")  # ok windows only
+    vg = validation[(validation["scope"] == "gpu") & validation["phase"].isin(HEADLINE_PHASES)]
+    vg = vg.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")
+    vi = validation[validation["scope"] == "idle"]
+
+    gpu_status = s["gpu_energy_status"].astype(str)
+    has_energy = (gpu_status.str.contains("measured|short-window")
+                  & s["energy_per_iteration_j"].notna())
+    observed = _per_point(vg, s, "observed_counter_period_s", "max")
+    period = np.fmax(float(c["counter_period_s"]), np.nan_to_num(observed, nan=0.0))
+    s["counter_period_s"] = period
+    s["observed_counter_period_s"] = observed
+    vw_ratio = vw.assign(_dev=(vw["timeline_counter_ratio"] - 1).abs())
+    s["recheck_ratio"] = _per_point(vw_ratio, s, "timeline_counter_ratio", "median")
+    s["recheck_max_deviation"] = _per_point(vw_ratio, s, "_dev", "max")
+    not_ok = vw.assign(_bad=(vw["status"] != rc.OK).astype(float))
+    any_unchecked = _per_point(not_ok, s, "_bad", "any") > 0
+    s["recheck_status"] = np.where(
+        ~has_energy, "not-applicable (no GPU energy)",
+        np.where(any_unchecked, "incomplete (a window could not be re-checked: "
+                 "validation.parquet says why)", "ok"))
+    stuck = (vg["counter_stuck"].fillna(False).astype(bool)
+             | ((vg["counter_energy_j"] == 0) & (vg["duration_s"] >= 2 * c["counter_period_s"])))
+    s_stuck = _per_point(vg.assign(_stuck=stuck.astype(float)), s, "_stuck", "any") > 0
+    reasons_or = vg["clock_event_reasons"].astype("Float64").fillna(0).astype(np.int64)
+    mask = _throttle_mask(c["throttle_reasons"])
+    throttled = _per_point(vg.assign(_t=((reasons_or & mask) != 0).astype(float)), s, "_t",
+                           "any") > 0
+    seen_pos = _point_index(vg, s)
+    seen_mask = np.zeros(n, dtype=np.int64)
+    keep = seen_pos >= 0
+    np.bitwise_or.at(seen_mask, seen_pos[keep], reasons_or.to_numpy()[keep])
+    s["clock_event_reasons_seen"] = [rc.reason_names(m) or None for m in seen_mask]
+
+    # Idle stability: GPUs of the point's job(s), over the job's idle baseline.
+    jobs = rows[["job_id", *POINT_KEYS]].drop_duplicates()
+    idle = vi[["job_id", "gpu_uuid", "power_std_w", "samples"]].merge(
+        jobs, on="job_id", how="inner") if len(vi) else pd.DataFrame(
+        columns=["job_id", "gpu_uuid", "power_std_w", "samples", *POINT_KEYS])
+    s["idle_gpu_power_std_w"] = _per_point(idle, s, "power_std_w", "max") if len(idle) else np.nan
+    s["idle_check_status"] = np.where(
+        ~has_energy, "not-applicable (no GPU energy)",
+        np.where(s["idle_gpu_power_std_w"].notna(), "ok",
+                 "unavailable (no idle baseline or no power samples in it)"))
+
+    metric = np.where(s["scenario"] == "training", "energy_per_train_token_j",
+                      "energy_per_output_token_j")
+    med = np.array([s.at[i, m] for i, m in zip(s.index, metric, strict=True)], dtype=float)
+    lo = np.array([s.at[i, f"{m}_ci_low"] for i, m in zip(s.index, metric, strict=True)],
+                  dtype=float)
+    hi = np.array([s.at[i, f"{m}_ci_high"] for i, m in zip(s.index, metric, strict=True)],
+                  dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero median: no fraction
+        s["ci_half_width_fraction"] = np.where(med > 0, (hi - lo) / 2 / med, np.nan)
+
+    layout_gpus = (s["tp"] * s["pp"] * s["dp"]).astype(int)
+    window_s = s["window_s"].to_numpy(dtype=float)
+    fails = {
+        "no_gpu_energy": ~has_energy & ~gpu_status.str.contains("partial"),
+        "partial_gpus": gpu_status.str.contains("partial")
+        | (has_energy & (s["n_gpus"] < layout_gpus)),
+        "counter_stuck": has_energy & s_stuck,
+        "window_short": ~(window_s >= c["min_counter_periods"] * period),
+        "few_iterations": ~(s["iterations_per_window"] >= c["min_iterations"]),
+        "steady_state_short": ~(s["steady_state_s"] >= c["min_steady_state_s"]),
+        "few_repetitions": s["repetitions_ok"] < c["min_ok_repetitions"],
+        "ci_wide": has_energy & (s["ci_half_width_fraction"] > c["max_ci_half_width"]),
+        "batch_not_full": ~(s["batch_fill"] >= c["min_batch_fill"] - 1e-9),
+        "idle_unstable": has_energy & (s["idle_gpu_power_std_w"] > c["max_idle_std_w"]),
+        "throttled": has_energy & throttled,
+        "no_timeline": has_energy & any_unchecked & bool(c["require_timeline"]),
+        "recheck_mismatch": has_energy & (s["recheck_max_deviation"] > c["max_recheck_deviation"]),
+    }
+    fails = {k: np.asarray(v, dtype=bool) for k, v in fails.items()}
+    codes = [";".join(k for k in REASONS if fails[k][i]) for i in range(n)]
+    unchecked = []
+    for i in range(n):
+        skip = [] if has_energy.iloc[i] else list(GPU_CHECKS)
+        if has_energy.iloc[i] and s["idle_check_status"].iloc[i] != "ok":
+            skip.append("idle_unstable")
+        if has_energy.iloc[i] and any_unchecked[i]:
+            skip += ["counter_stuck", "throttled", "recheck_mismatch"]
+        unchecked.append(";".join(k for k in REASONS if k in skip))
+    s["valid"] = [not x for x in codes]
+    s["invalid_reasons"] = codes
+    s["validity_unchecked"] = unchecked
+
+    s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
+    # ML.ENERGY v3 parity (README, "ML.ENERGY v3 parity"): GPUs of the layout and GPU model.
+    s["gpu_count"] = layout_gpus
+    names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
+    model = names.groupby(POINT_KEYS)["gpu_name"].agg(lambda x: ",".join(sorted(set(x))))
+    s["gpu_model"] = s[POINT_KEYS].merge(model.reset_index(), on=POINT_KEYS, how="left")[
+        "gpu_name"].to_numpy()
+    return s
+
+
+def evaluate(summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path],
+             cfg: dict | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Re-check (validation table), stages and verdict: the merge step's hook.
+
+    Returns the annotated summary, the validation table and the per-stage table; the merge
+    writes them together with its other outputs (all or nothing).
+    """
+    power = rc.load_power([Path(j).with_name(rc.POWER_FILE) for j in jobs
+                           if Path(j).with_name(rc.POWER_FILE).is_file()])
+    validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
+    return annotate(summary, rows, validation, cfg), validation, st.stage_table(rows)

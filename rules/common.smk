@@ -158,6 +158,16 @@ def get_all_job_records():
 STAGE_TABLE = "results/stages.csv"
 
 
+def report_figure(name, category, question):
+    """A figure output marked for the report: caption report/<name>.rst, listed by question."""
+    return report(
+        f"results/plots/{name}.png",
+        caption=f"../report/{name}.rst",
+        category=category,
+        labels={"figure": question},
+    )
+
+
 def get_figure_inputs(wildcards):
     """The tables the figures read; the per-stage table only where a rule produces it (it
     arrives with the validity work; without it the stage figure is a note)."""

@@ -10,36 +10,30 @@ localrules:
     report_pages,
 
 
-def _figure(name, category, question):
-    """A figure output marked for the report: caption report/<name>.rst, listed by question."""
-    return report(
-        f"results/plots/{name}.png",
-        caption=f"../report/{name}.rst",
-        category=category,
-        labels={"figure": question},
-    )
-
-
 rule figures:
     input:
         unpack(get_figure_inputs),
     output:
-        energy_per_token=_figure(
+        energy_per_token=report_figure(
             "energy_per_token", "1 Inference", "Energy per output token vs batch size"
         ),
-        layouts_equal_gpus=_figure(
+        layouts_equal_gpus=report_figure(
             "layouts_equal_gpus", "1 Inference", "Layouts at equal GPU count"
         ),
-        backends=_figure("backends", "1 Inference", "Backends on the same layouts"),
-        pareto=_figure("pareto", "1 Inference", "Energy–throughput Pareto front"),
-        prefill_decode=_figure(
+        backends=report_figure(
+            "backends", "1 Inference", "Backends on the same layouts"
+        ),
+        pareto=report_figure("pareto", "1 Inference", "Energy–throughput Pareto front"),
+        prefill_decode=report_figure(
             "prefill_decode", "2 Where energy goes", "Prefill vs decode split"
         ),
-        stages=_figure("stages", "2 Where energy goes", "Pipeline stage balance (pp > 1)"),
-        power_timeline=_figure(
+        stages=report_figure(
+            "stages", "2 Where energy goes", "Pipeline stage balance (pp > 1)"
+        ),
+        power_timeline=report_figure(
             "power_timeline", "2 Where energy goes", "Power timeline per job"
         ),
-        training=_figure(
+        training=report_figure(
             "training", "3 Training", "Energy per training token and throughput"
         ),
     log:

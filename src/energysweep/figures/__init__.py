@@ -44,12 +44,9 @@ __all__ = [
 
 
 def save(fig: Figure, out: str | Path, dpi: int = 110) -> None:
-    """Write ``fig`` as PNG (atomically: a reader never sees half a file) and close it."""
-    import matplotlib.pyplot as plt
-
+    """Write ``fig`` as PNG (atomically: a reader never sees half a file)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     fig.savefig(tmp, dpi=dpi, format="png")
-    plt.close(fig)
     tmp.replace(out)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -18,8 +17,9 @@ CI_TEXT = "bars: 95% bootstrap CI of the median over repetitions"
 
 
 def new_figure(nrows: int, ncols: int, width: float = 5.0, height: float = 3.8):
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
-    return fig, axes
+    """A figure and its 2-D array of axes, outside pyplot: nothing global is kept alive."""
+    fig = Figure(figsize=(width * ncols, height * nrows))
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
 def note(ax: Axes, text: str, where: str = "top") -> None:

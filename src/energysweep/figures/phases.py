@@ -14,6 +14,7 @@ from energysweep.figures.style import layout_name, layout_style
 STAGE_COLUMNS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "phase",
                  "pp_rank", "gpu_energy_j", "gpu_energy_share", "cpu_time_s", "cpu_time_share"]
 PREFILL_HATCH = "////"
+PREFILL_GID, DECODE_GID = "energysweep-prefill", "energysweep-decode"
 
 
 def _split(rows: pd.DataFrame) -> tuple[pd.Series, str, str | None]:
@@ -58,8 +59,8 @@ def prefill_decode(s: pd.DataFrame) -> Figure:
             st = layout_style(r["tp"], r["pp"], r["dp"], r["backend"])
             p = float(r["_share"])
             ax.barh(i, p, color=st.color, alpha=0.45, hatch=PREFILL_HATCH, edgecolor=st.color,
-                    label="_prefill")
-            ax.barh(i, 1 - p, left=p, color=st.color, edgecolor="white", label="_decode",
+                    gid=PREFILL_GID)
+            ax.barh(i, 1 - p, left=p, color=st.color, edgecolor="white", gid=DECODE_GID,
                     alpha=1.0 if r["valid_point"] else 0.25)
             ax.text(min(p, 0.9) + 0.01, i, f"{p:.0%}", va="center", fontsize=6.5)
             labels.append(f"{draw.series_label(r, rows)}  bs{int(r['batch_size'])}")
@@ -139,7 +140,7 @@ def stage_balance(stages: pd.DataFrame | None, s: pd.DataFrame | None = None) ->
                        f"(pp degrees run: {pp}): nothing to split by stage")
         return fig
     fig, axes = draw.new_figure(1, len(layouts), width=4.6, height=4.2)
-    for ax, ((backend, scenario, model, tp, pp, dp), g) in zip(axes[0], layouts, strict=True):
+    for ax, ((backend, scenario, _model, tp, pp, dp), g) in zip(axes[0], layouts, strict=True):
         col, what = _stage_share(g)
         base = layout_style(tp, pp, dp, backend)
         batches = sorted(g["batch_size"].unique())

@@ -28,6 +28,8 @@ def _lines(ax, rows: pd.DataFrame, x: str, q: Quantity, label_of) -> list:
 def _panel(ax, rows: pd.DataFrame, x: str, q: Quantity | None, title: str, xlabel: str,
            label_of, empty: str) -> None:
     """Draw ``q`` against ``x``; a note instead where nothing of it was measured."""
+    if q is not None and q.note:
+        title = f"{title}: {q.what} shown"
     ax.set_title(title, fontsize=10)
     if q is None:
         draw.only_note(ax, empty)
@@ -50,7 +52,7 @@ def _panel(ax, rows: pd.DataFrame, x: str, q: Quantity | None, title: str, xlabe
 def _ci_caption(fig: Figure, q: Quantity | None, t: Quantity | None) -> None:
     with_ci = [x.what for x in (q, t) if x is not None and x.ci is not None]
     if with_ci:
-        fig.text(0.01, 0.005, draw.CI_TEXT + ("; filled = valid point" ), fontsize=7,
+        fig.text(0.01, 0.005, draw.CI_TEXT + "; filled marker = valid point", fontsize=7,
                  ha="left", va="bottom")
 
 

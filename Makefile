@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv lint dryrun report clean bench slurm-up slurm-down
+.PHONY: run test venv lint dryrun report clean bench slurm-up slurm-down chromium
 
 venv: $(STAMP)
 
@@ -25,8 +25,13 @@ run: $(STAMP)
 	$(SNAKEMAKE) --profile profiles/local --report results/report.html --report-after-run
 	@echo "report: $(CURDIR)/results/report.html  (summary: results/summary.csv)"
 
-test: $(STAMP)
+# The report test opens results/report.html in Debian's headless chromium.
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q
+
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq chromium; }
 
 lint: $(STAMP)
 	$(SNAKEMAKE) --lint

@@ -64,16 +64,26 @@ def power_timeline(power: pd.DataFrame, energy: pd.DataFrame) -> Figure:
     fig, axes = draw.new_figure(nrows, ncols, width=6.4, height=2.9)
     for ax in axes.flat[len(shown):]:
         ax.set_visible(False)
+    unsampled: dict[str, str] = {}  # job -> why it has no power samples
     for ax, job in zip(axes.flat, shown, strict=False):
-        _job_panel(ax, job, power[power["job_id"] == job] if len(power) else power,
-                   wins[wins["job_id"] == job])
+        why = _job_panel(ax, job, power[power["job_id"] == job] if len(power) else power,
+                         wins[wins["job_id"] == job])
+        if why is not None:
+            unsampled[job] = why
     handles = [Patch(facecolor=c, alpha=0.25, edgecolor=c, label=f"{p} window")
                for p, c in PHASE_COLOURS.items()]
     fig.legend(handles=handles, loc="upper right", fontsize=7, ncols=3)
+    footer = []
+    if unsampled:
+        reasons = "; ".join(sorted(set(unsampled.values())))[:120]
+        footer.append(f"no power samples in {len(unsampled)} of {len(shown)} jobs ({reasons}): "
+                      "their panels show each window's token rate, not power")
     if len(jobs) > len(shown):
-        draw.figure_note(fig, f"{len(shown)} of {len(jobs)} jobs shown; every job's samples are "
-                         "in its power.parquet next to job.json")
-    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
+        footer.append(f"{len(shown)} of {len(jobs)} jobs shown; every job's samples are in its "
+                      "power.parquet next to job.json")
+    if footer:
+        draw.figure_note(fig, "\n".join(footer))
+    fig.tight_layout(rect=(0, 0.03 if footer else 0, 1, 0.97))
     return fig
 
 
@@ -84,7 +94,8 @@ def _job_title(w: pd.DataFrame, job: str) -> str:
     return f"{r['backend']} {r['scenario']} {layout_name(r['tp'], r['pp'], r['dp'])}"
 
 
-def _job_panel(ax, job: str, p: pd.DataFrame, w: pd.DataFrame) -> None:
+def _job_panel(ax, job: str, p: pd.DataFrame, w: pd.DataFrame) -> str | None:
+    """Draw one job; returns why it has no power samples (None when it has them)."""
     samples = p[p["time_ns"].notna() & p["power_mw"].notna()] if len(p) else p
     starts = [*w["start_ns"].dropna()] + ([*samples["time_ns"]] if len(samples) else [])
     t0 = min(starts) if starts else 0
@@ -105,6 +116,7 @@ def _job_panel(ax, job: str, p: pd.DataFrame, w: pd.DataFrame) -> None:
                     label=f"GPU {str(uuid)[-8:]}")
         ax.set_ylabel("GPU power [W]", fontsize=8)
         ax.legend(fontsize=6.5, loc="lower right")
+        why = None
     else:
         reasons = sorted(set(p["detail"].dropna())) if len(p) else []
         why = "; ".join(reasons)[:90] or "no power.parquet rows"
@@ -117,6 +129,6 @@ def _job_panel(ax, job: str, p: pd.DataFrame, w: pd.DataFrame) -> None:
         ax.set_ylabel("tokens / s in the window", fontsize=8)
         if rate.notna().any() and np.nanmax(rate) / max(np.nanmin(rate), 1e-9) > 20:
             ax.set_yscale("log")
-        draw.note(ax, f"no power samples ({why}): each window's token rate is shown, not power",
-                  where="top")
+        ax.set_title(f"{ax.get_title()} — token rate, no power samples", fontsize=9, pad=10)
     ax.grid(alpha=0.3)
+    return why

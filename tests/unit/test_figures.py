@@ -442,3 +442,23 @@ def test_notes_are_found_by_gid():
     fig = energy_per_token(prepare(summary(energy=False)))
     assert all(t.get_gid() == NOTE_GID for ax in fig.axes for t in ax.texts
                if "not measured" in t.get_text())
+
+
+def test_only_the_drawn_jobs_power_files_are_read(tmp_path):
+    from energysweep.figures.render import load_power
+
+    energy, records = [], []
+    for k in range(14):
+        job = f"job{k:02d}"
+        energy += [{**r, "dp": k + 1} for r in _energy_rows(job)]
+        d = tmp_path / f"model~m/backend~pytorch/scenario~inference/tp~2/pp~1/dp~{k + 1}"
+        d.mkdir(parents=True)
+        (d / "job.json").write_text("{}")
+        pd.DataFrame([{"job_id": job, "gpu_uuid": None, "time_ns": None, "power_mw": None,
+                       "status": "unavailable", "detail": "no GPU in use"}]).to_parquet(
+            d / "power.parquet")
+        records.append(d / "job.json")
+    energy = pd.DataFrame(energy)
+    assert set(load_power(records)["job_id"]) == {f"job{k:02d}" for k in range(14)}
+    # the timeline orders by layout (dp 1..12 numerically, not as text) and draws 12
+    assert sorted(load_power(records, energy)["job_id"]) == [f"job{k:02d}" for k in range(12)]

@@ -19,6 +19,7 @@ from energysweep.figures import (
     prepare,
     save,
     stage_balance,
+    timeline,
     training,
 )
 
@@ -28,8 +29,19 @@ ENERGY_COLUMNS = [
 ]
 
 
-def load_power(job_records: list[str | Path]) -> pd.DataFrame:
-    """Every job's power.parquet (next to its job.json), concatenated."""
+def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The power.parquet (next to job.json) of the jobs the timeline draws, concatenated.
+
+    With ``energy`` only the first :data:`timeline.MAX_JOBS` jobs in the timeline's order are
+    read (their directories are ``.../model~m/backend~b/scenario~s/tp~t/pp~p/dp~d``), so a sweep
+    of thousands of jobs does not read thousands of files for twelve panels.
+    """
+    if energy is not None and len(energy):
+        shown = timeline.job_order(timeline.job_windows(energy)).head(timeline.MAX_JOBS)
+        dirs = {f"model~{r.model}/backend~{r.backend}/scenario~{r.scenario}/tp~{r.tp}/"
+                f"pp~{r.pp}/dp~{r.dp}" for r in shown.itertuples()}
+        job_records = [j for j in job_records
+                       if any(Path(j).parent.as_posix().endswith(d) for d in dirs)]
     frames = [pd.read_parquet(Path(j).parent / POWER_FILE) for j in job_records
               if (Path(j).parent / POWER_FILE).is_file()]
     frames = [f for f in frames if len(f)]
@@ -54,6 +66,7 @@ def draw_all(
     windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
     s = prepare(summary, windows)
     stages = pd.read_csv(stages_csv) if stages_csv else None
+    timeline_rows = energy[[c for c in ENERGY_COLUMNS if c in energy]]
     makers = {
         "energy_per_token": lambda: energy_per_token(s),
         "layouts_equal_gpus": lambda: layouts_at_equal_gpus(s),
@@ -62,7 +75,7 @@ def draw_all(
         "prefill_decode": lambda: prefill_decode(s),
         "stages": lambda: stage_balance(stages, s),
         "power_timeline": lambda: power_timeline(
-            load_power(job_records), energy[[c for c in ENERGY_COLUMNS if c in energy]]
+            load_power(job_records, timeline_rows), timeline_rows
         ),
         "training": lambda: training(s),
     }

@@ -32,6 +32,16 @@ def job_windows(energy: pd.DataFrame) -> pd.DataFrame:
     return w
 
 
+def job_order(wins: pd.DataFrame) -> pd.DataFrame:
+    """One row per job (its keys), in reading order: scenario, backend, model, tp, pp, dp —
+    not by the jobs' random ids. The timeline draws the first :data:`MAX_JOBS`."""
+    keys = ["job_id", "model", "backend", "scenario", "tp", "pp", "dp"]
+    return wins[keys].drop_duplicates("job_id").sort_values(
+        ["scenario", "backend", "model", "tp", "pp", "dp"],
+        key=lambda c: c.astype(int) if c.name in ("tp", "pp", "dp") else c,
+    ).reset_index(drop=True)
+
+
 def _window_rate(w: pd.DataFrame) -> pd.Series:
     dur = (w["end_ns"] - w["start_ns"]) / 1e9
     tokens = w["input_tokens"].where(w["phase"] == "train", w["output_tokens"])
@@ -47,11 +57,7 @@ def power_timeline(power: pd.DataFrame, energy: pd.DataFrame) -> Figure:
     reason. At most :data:`MAX_JOBS` panels; a note says how many were left out.
     """
     wins = job_windows(energy) if len(energy) else pd.DataFrame(columns=WINDOW_KEYS)
-    # Jobs in a reading order (scenario, backend, world size, layout), not by their random ids.
-    order = wins.drop_duplicates("job_id").sort_values(
-        ["scenario", "backend", "model", "tp", "pp", "dp"],
-        key=lambda c: c if c.name not in ("tp", "pp", "dp") else c.astype(int),
-    )["job_id"].tolist() if len(wins) else []
+    order = job_order(wins)["job_id"].tolist() if len(wins) else []
     extra = sorted(set(power["job_id"] if len(power) else []) - set(order))
     jobs = order + extra
     if not jobs:

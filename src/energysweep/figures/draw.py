@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -27,10 +29,13 @@ def note(ax: Axes, text: str, where: str = "top") -> None:
     data), ``bottom`` inside the lower edge, ``center`` in the middle."""
     bbox = {"boxstyle": "round", "facecolor": "#fff4d6", "edgecolor": "#c9a227"}
     if where == "top":
-        ax.text(0.5, 1.01, text, transform=ax.transAxes, ha="center", va="bottom", fontsize=7.5,
-                wrap=True, gid=NOTE_GID, bbox=bbox, zorder=10)
-        # Lift the title over the note.
-        ax.set_title(ax.get_title(), fontsize=10, pad=24)
+        # Wrapped to the axes' width (about 17 characters of 7.5 pt text per inch), and the
+        # title lifted over however many lines that makes.
+        width_in = ax.get_position().width * ax.figure.get_figwidth()
+        lines = textwrap.wrap(text, max(int(width_in * 17), 30))
+        ax.text(0.5, 1.01, "\n".join(lines), transform=ax.transAxes, ha="center", va="bottom",
+                fontsize=7.5, gid=NOTE_GID, bbox=bbox, zorder=10)
+        ax.set_title(ax.get_title(), fontsize=10, pad=12 + 10 * len(lines))
         return
     y, va = (0.02, "bottom") if where == "bottom" else (0.5, "center")
     ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va=va, fontsize=7.5, wrap=True,
@@ -44,10 +49,9 @@ def only_note(ax: Axes, text: str) -> None:
 
 
 def notes(fig: Figure) -> list[str]:
-    """Every note drawn in ``fig`` (see :func:`note`)."""
-    return [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == NOTE_GID] + [
-        t.get_text() for t in fig.texts if t.get_gid() == NOTE_GID
-    ]
+    """Every note drawn in ``fig`` (see :func:`note`), line breaks undone."""
+    texts = [t for ax in fig.axes for t in ax.texts] + list(fig.texts)
+    return [t.get_text().replace("\n", " ") for t in texts if t.get_gid() == NOTE_GID]
 
 
 def figure_note(fig: Figure, text: str) -> None:

@@ -43,6 +43,8 @@ def _panel(ax, rows: pd.DataFrame, scenario: str) -> None:
     xs, ys = pts[t.column].to_numpy(float), pts[q.column].to_numpy(float)
     tci, qci = t.ci_of(pts), q.ci_of(pts)
     entries = {}
+    # Front labels alternate below/above their points so neighbours on the front do not overlap.
+    rank = {i: k for k, i in enumerate(np.flatnonzero(front)[np.argsort(xs[front])])}
     for i, r in pts.iterrows():
         style = layout_style(r["tp"], r["pp"], r["dp"], r["backend"])
         label = draw.series_label(r, rows)
@@ -62,7 +64,8 @@ def _panel(ax, rows: pd.DataFrame, scenario: str) -> None:
                 gid=draw.INVALID_GID if not valid[i] else None)
         text = f"*{label} bs{int(r['batch_size'])}" if front[i] else f"bs{int(r['batch_size'])}"
         ax.annotate(text, (xs[i], ys[i]),
-                    textcoords="offset points", xytext=(5, 4) if not front[i] else (-6, -11),
+                    textcoords="offset points",
+                    xytext=(5, 4) if not front[i] else (-6, -11 if rank[i] % 2 == 0 else 7),
                     ha="left" if not front[i] else "right", fontsize=6.5,
                     fontweight="bold" if front[i] else "normal")
         entries.setdefault(label, (Line2D([], [], marker=style.marker, color=style.color,

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv vllm-env lint dryrun report clean bench slurm-up slurm-down preflight
+.PHONY: run test venv vllm-env lint dryrun report clean bench slurm-up slurm-down preflight chromium
 
 venv: $(STAMP)
 
@@ -66,15 +66,18 @@ $(VLLM_STAMP): envs/vllm-ranks.txt
 # where no slurm.conf exists. An empty config makes it fail in milliseconds, offline.
 NO_SLURM := SLURM_CONF=/dev/null
 
+# One Snakemake start-up: the sweep, then the HTML report from the same DAG (--report-after-run).
 run: $(STAMP) $(VLLM_STAMP)
-	$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local
-	@if [ ! results/report.html -nt results/summary.csv ] || [ ! results/report.html -nt results/plots/energy_per_token.png ]; then \
-		$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local --report results/report.html; \
-	fi
+	$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local --report results/report.html --report-after-run
 	@echo "report: $(CURDIR)/results/report.html  (summary: results/summary.csv)"
 
-test: $(STAMP) $(VLLM_STAMP)
+# The report test opens results/report.html in Debian's headless chromium.
+test: $(STAMP) $(VLLM_STAMP) chromium
 	$(BIN)/python -m pytest -q
+
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq chromium; }
 
 lint: $(STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) --lint

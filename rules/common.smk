@@ -186,6 +186,32 @@ def get_all_job_records():
     return expand("results/shards/{params}/job.json", params=PARAMS.instance_patterns)
 
 
+STAGE_TABLE = "results/stages.csv"
+
+
+def report_figure(name, category, question):
+    """A figure output marked for the report: caption report/<name>.rst, listed by question."""
+    return report(
+        f"results/plots/{name}.png",
+        caption=f"../report/{name}.rst",
+        category=category,
+        labels={"figure": question},
+    )
+
+
+def get_figure_inputs(wildcards):
+    """The tables the figures read; the per-stage table only where a rule produces it (it
+    arrives with the validity work; without it the stage figure is a note)."""
+    inputs = {
+        "summary": "results/summary.csv",
+        "energy": "results/energy.parquet",
+        "jobs": get_all_job_records(),
+    }
+    if any(str(f) == STAGE_TABLE for r in workflow.rules for f in r.output):
+        inputs["stages"] = STAGE_TABLE
+    return inputs
+
+
 def get_final_outputs():
     return [
         "results/config.yaml",
@@ -193,7 +219,9 @@ def get_final_outputs():
         "results/grid/skipped.tsv",
         "results/energy.parquet",
         "results/summary.csv",
-        "results/plots/energy_per_token.png",
+        # Every figure and report page (rules/report.smk; called after it is included).
+        *rules.figures.output,
+        *rules.report_pages.output,
     ]
 
 

@@ -1,22 +1,72 @@
-# Figures, wrapped in report(...) so `snakemake --report results/report.html` includes them.
+# Figures and report pages, each wrapped in report(...) with a caption in report/, so that
+# `snakemake --report results/report.html` (added to the same run by `make run`) holds them all.
+
+
+report: "../report/workflow.rst"
 
 
 localrules:
-    plot_energy_per_token,
+    figures,
+    report_pages,
 
 
-rule plot_energy_per_token:
+rule figures:
     input:
-        "results/summary.csv",
+        unpack(get_figure_inputs),
     output:
-        report(
-            "results/plots/energy_per_token.png",
-            caption="../report/energy_per_token.rst",
-            category="Energy",
+        energy_per_token=report_figure(
+            "energy_per_token", "1 Inference", "Energy per output token vs batch size"
+        ),
+        layouts_equal_gpus=report_figure(
+            "layouts_equal_gpus", "1 Inference", "Layouts at equal GPU count"
+        ),
+        backends=report_figure(
+            "backends", "1 Inference", "Backends on the same layouts"
+        ),
+        pareto=report_figure("pareto", "1 Inference", "Energy–throughput Pareto front"),
+        prefill_decode=report_figure(
+            "prefill_decode", "2 Where energy goes", "Prefill vs decode split"
+        ),
+        stages=report_figure(
+            "stages", "2 Where energy goes", "Pipeline stage balance (pp > 1)"
+        ),
+        power_timeline=report_figure(
+            "power_timeline", "2 Where energy goes", "Power timeline per job"
+        ),
+        training=report_figure(
+            "training", "3 Training", "Energy per training token and throughput"
         ),
     log:
-        "logs/plot_energy_per_token.log",
+        "logs/figures.log",
     conda:
         "../envs/base.yaml"
     script:
-        "../scripts/plot.py"
+        "../scripts/figures.py"
+
+
+rule report_pages:
+    input:
+        summary="results/summary.csv",
+        environment="results/environment.parquet",
+        config="results/config.yaml",
+        jobs="results/grid/jobs.tsv",
+        skipped="results/grid/skipped.tsv",
+    output:
+        summary=report(
+            "results/report/summary.html",
+            caption="../report/summary_table.rst",
+            category="4 Tables",
+            labels={"figure": "Summary table (every grid point)"},
+        ),
+        environment=report(
+            "results/report/environment.html",
+            caption="../report/environment.rst",
+            category="4 Tables",
+            labels={"figure": "Environment and provenance"},
+        ),
+    log:
+        "logs/report_pages.log",
+    conda:
+        "../envs/base.yaml"
+    script:
+        "../scripts/report_pages.py"

@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from energysweep.aggregate import unexplained_nulls
+from energysweep.figures import FIGURES
 
 from conftest import test_env, workflow_copy
+from headless_chromium import Chromium
 
 pytestmark = [pytest.mark.integration]
 
@@ -41,7 +43,10 @@ def write_config(wf, over: dict, name="test.yaml"):
 def local_run(tmp_path_factory):
     wf = workflow_copy(tmp_path_factory.mktemp("local"))
     cfg = write_config(wf, SMALL)
-    proc = snakemake(wf, f"--configfile={cfg}")
+    # As `make run` does: the HTML report is built by the same run (one start-up).
+    proc = snakemake(
+        wf, f"--configfile={cfg}", "--report", "results/report.html", "--report-after-run"
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return wf, cfg
 
@@ -53,7 +58,10 @@ def test_outputs_and_second_run_is_noop(local_run):
     assert list((wf / "results" / "energy.parquet").glob("model=*/backend=*/*.parquet"))
     for out in [
         "summary.csv",
-        "plots/energy_per_token.png",
+        *(f"plots/{name}.png" for name in FIGURES),
+        "report/summary.html",
+        "report/environment.html",
+        "report.html",
         "config.yaml",
         "grid/skipped.tsv",
         "grid/jobs.tsv",
@@ -62,8 +70,6 @@ def test_outputs_and_second_run_is_noop(local_run):
     again = snakemake(wf, f"--configfile={cfg}")
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
-    report = snakemake(wf, f"--configfile={cfg}", "--report", "results/report.html")
-    assert report.returncode == 0, report.stderr[-3000:]
     html = (wf / "results" / "report.html").read_text(errors="replace")
     assert "energy_per_token.png" in html
 
@@ -231,3 +237,97 @@ def test_preflight_target_on_cpu(local_run):
     node = json.loads((wf / "results" / "preflight" / "node~0.json").read_text())
     assert node["has_gpu"] is False and node["required"] == "none"
     assert (wf / "results" / "preflight" / f"{node['host']}.json").is_file()
+
+
+# Clicks a result's "view" button in the Snakemake report (the row holding its label).
+_VIEW = """(() => {
+  const row = [...document.querySelectorAll('#app tr')].find(
+      r => r.textContent.trim().startsWith(%s));
+  if (!row) return 'no row';
+  row.querySelector('a[iconname=eye]').click();
+  return 'ok';
+})()"""
+# Clicks the link whose text is exactly the given one (a category, or "Results" to go back up).
+_CLICK_LINK = """(() => {
+  const a = [...document.querySelectorAll('#app a')].find(e => e.textContent.trim() === %s);
+  if (!a) return 'no link';
+  a.click();
+  return 'ok';
+})()"""
+# The shown result: a loaded <img> (its pixel width) or an <iframe> (its data URI).
+_SHOWN = """new Promise(done => setTimeout(() => {
+  const img = [...document.querySelectorAll('#app img')].find(i => i.src === %s);
+  const frame = [...document.querySelectorAll('#app iframe')].find(f => f.src === %s);
+  if (img) (img.complete ? Promise.resolve() : img.decode()).then(
+      () => done({img: img.naturalWidth}), () => done({img: -1}));
+  else done({frame: !!frame});
+}, 300))"""
+
+
+@pytest.mark.timeout(300)
+def test_report_renders_in_headless_chromium(local_run, tmp_path):
+    """The report of the pipeline run opens in Debian's chromium with no console error, and
+    every figure and both tables are in it and display when clicked, as a reader would."""
+    wf, _ = local_run
+    report = wf / "results" / "report.html"
+    summary = pd.read_csv(wf / "results" / "summary.csv")
+    expected = {f"{n}.png" for n in FIGURES} | {"summary.html", "environment.html"}
+    with Chromium(tmp_path / "profile", timeout_s=60) as browser:
+        page = browser.open_page(report.resolve().as_uri())
+        results = browser.evaluate(page, "Object.values(results).map(r => ({name: r.name, "
+                                   "mime: r.mime_type, caption: r.caption, uri: r.data_uri, "
+                                   "label: r.labels.figure, category: r.category}))")
+        categories = browser.evaluate(page, "Object.keys(categories)")
+        assert {r["name"] for r in results} == expected
+        for r in results:
+            assert r["mime"] == ("image/png" if r["name"].endswith(".png") else "text/html")
+            assert len(r["caption"]) > 300, r["name"]  # what, how measured, caveats
+            if r["name"].endswith(".png"):
+                assert "Caveats." in r["caption"], r["name"]
+        # Click through the report as a reader: category, then each result's view button.
+        shown = {}
+        for category in categories:
+            if category != categories[0]:  # back to the list of categories first
+                assert browser.evaluate(page, _CLICK_LINK % json.dumps("Results")) == "ok"
+            assert browser.evaluate(page, _CLICK_LINK % json.dumps(category)) == "ok"
+            for r in results:
+                listed = browser.evaluate(
+                    page, "[...document.querySelectorAll('#app tr')].some(row => "
+                    f"row.textContent.trim().startsWith({json.dumps(r['label'])}))")
+                if not listed:
+                    continue
+                assert browser.evaluate(page, _VIEW % json.dumps(r["label"])) == "ok"
+                shown[r["name"]] = browser.evaluate(
+                    page, _SHOWN % (json.dumps(r["uri"]), json.dumps(r["uri"])))
+                # the category's list again, for its next result
+                assert browser.evaluate(page, _CLICK_LINK % json.dumps(category)) == "ok"
+        assert set(shown) == expected
+        for name, view in shown.items():
+            if name.endswith(".png"):
+                assert view.get("img", 0) > 300, (name, view)  # decoded pixels, not a stub
+            else:
+                assert view == {"frame": True}, (name, view)
+        # The table pages themselves (as the report embeds them): rows, columns, sorting.
+        uri = next(r["uri"] for r in results if r["name"] == "summary.html")
+        table = browser.open_page(uri)
+        assert browser.evaluate(table, "document.querySelectorAll('table.es tbody tr').length") \
+            == len(summary)
+        headers = browser.evaluate(table, "[...document.querySelectorAll('th')].map(t => "
+                                   "t.textContent)")
+        assert set(summary.columns) <= set(headers)
+        col = headers.index("batch_size")
+        sorted_desc = browser.evaluate(table, f"""(() => {{
+            const th = document.querySelectorAll('th')[{col}];
+            th.click(); th.click();  // ascending, then descending
+            return [...document.querySelectorAll('table.es tbody tr')].map(
+                r => Number(r.cells[{col}].textContent));
+        }})()""")
+        assert sorted_desc == sorted(summary["batch_size"], reverse=True)
+        env_uri = next(r["uri"] for r in results if r["name"] == "environment.html")
+        env = browser.open_page(env_uri)
+        text = browser.evaluate(env, "document.body.innerText")
+        code_version = summary["code_version"].iloc[0]
+        for needle in ("config hash (sweep)", code_version, "torch", "GPUs and driver",
+                       "Validated config"):
+            assert needle in text, needle
+        assert browser.errors() == []

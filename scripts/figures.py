@@ -1,0 +1,20 @@
+"""Snakemake step: draw every figure of the report from the merged tables."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
+
+sm = snakemake  # noqa: F821
+with open(sm.log[0], "w") as log:
+    sys.stderr = sys.stdout = log
+    from energysweep.figures.render import draw_all
+
+    inputs = dict(sm.input.items())
+    draw_all(
+        inputs["summary"],
+        inputs["energy"],
+        list(sm.input.jobs),
+        outputs=dict(sm.output.items()),
+        stages_csv=inputs.get("stages"),
+    )

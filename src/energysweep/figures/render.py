@@ -1,0 +1,87 @@
+"""Load the pipeline's tables and write every figure: the one place figures touch files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from energysweep import aggregate
+from energysweep.energy.sampler import FILENAME as POWER_FILE
+from energysweep.figures import (
+    FIGURES,
+    backends_compared,
+    energy_per_token,
+    layouts_at_equal_gpus,
+    pareto_front,
+    power_timeline,
+    prefill_decode,
+    prepare,
+    save,
+    stage_balance,
+    timeline,
+    training,
+)
+
+ENERGY_COLUMNS = [
+    "job_id", "model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "repetition",
+    "phase", "status", "window_start_ns", "window_end_ns", "output_tokens", "input_tokens",
+]
+
+
+def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The power.parquet (next to job.json) of the jobs the timeline draws, concatenated.
+
+    With ``energy`` only the first :data:`timeline.MAX_JOBS` jobs in the timeline's order are
+    read (their directories are ``.../model~m/backend~b/scenario~s/tp~t/pp~p/dp~d``), so a sweep
+    of thousands of jobs does not read thousands of files for twelve panels.
+    """
+    if energy is not None and len(energy):
+        shown = timeline.job_order(timeline.job_windows(energy)).head(timeline.MAX_JOBS)
+        dirs = {f"model~{r.model}/backend~{r.backend}/scenario~{r.scenario}/tp~{r.tp}/"
+                f"pp~{r.pp}/dp~{r.dp}" for r in shown.itertuples()}
+        job_records = [j for j in job_records
+                       if any(Path(j).parent.as_posix().endswith(d) for d in dirs)]
+    frames = [pd.read_parquet(Path(j).parent / POWER_FILE) for j in job_records
+              if (Path(j).parent / POWER_FILE).is_file()]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["job_id", "gpu_uuid", "time_ns", "power_mw", "status", "detail"])
+
+
+def draw_all(
+    summary_csv: str | Path, energy_dir: str | Path, job_records: list[str | Path],
+    outputs: dict[str, str | Path], stages_csv: str | Path | None = None,
+) -> dict[str, Path]:
+    """Draw every figure of :data:`FIGURES` named in ``outputs`` (stem -> PNG path).
+
+    ``stages_csv`` is results/stages.csv where the workflow produces it; without it the stage
+    figure is a note saying so.
+    """
+    unknown = set(outputs) - set(FIGURES)
+    if unknown:
+        raise ValueError(f"unknown figures {sorted(unknown)}; known: {sorted(FIGURES)}")
+    summary = pd.read_csv(summary_csv)
+    energy = pd.read_parquet(energy_dir)
+    windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
+    s = prepare(summary, windows)
+    stages = pd.read_csv(stages_csv) if stages_csv else None
+    timeline_rows = energy[[c for c in ENERGY_COLUMNS if c in energy]]
+    makers = {
+        "energy_per_token": lambda: energy_per_token(s),
+        "layouts_equal_gpus": lambda: layouts_at_equal_gpus(s),
+        "backends": lambda: backends_compared(s),
+        "pareto": lambda: pareto_front(s),
+        "prefill_decode": lambda: prefill_decode(s),
+        "stages": lambda: stage_balance(stages, s),
+        "power_timeline": lambda: power_timeline(
+            load_power(job_records, timeline_rows), timeline_rows
+        ),
+        "training": lambda: training(s),
+    }
+    written = {}
+    for name, out in outputs.items():
+        save(makers[name](), out)
+        print(f"figure {name}: {out}", flush=True)
+        written[name] = Path(out)
+    return written

@@ -147,18 +147,18 @@ def rerun_command(job_record: str | Path, snakemake_args: list[str] | None = Non
     return shlex.join(["snakemake", *args, "--forcerun", str(job_record)])
 
 
-def _job_label(record: dict | None) -> str:
+def _job_label(record: dict | None, job_record: Path) -> str:
     job = (record or {}).get("job") or {}
     keys = ("model", "backend", "scenario", "tp", "pp", "dp")
-    return " ".join(f"{k}={job[k]}" for k in keys if k in job) or "(job.json unreadable)"
+    label = " ".join(f"{k}={job[k]}" for k in keys if k in job)
+    return f"{label} ({job_record})" if label else str(job_record)
 
 
 def _problem(table: Path, job_record: Path, record: dict | None, what: str,
              snakemake_args: list[str] | None) -> str:
-    return (
-        f"{table} {what}\n    job: {_job_label(record)} ({job_record})\n"
-        f"    rerun it: {rerun_command(job_record, snakemake_args)}"
-    )
+    """One line per bad file: the file and what is wrong, its job, the command to rerun it."""
+    return (f"{table} {what}; job: {_job_label(record, job_record)}; "
+            f"rerun it: {rerun_command(job_record, snakemake_args)}")
 
 
 class MissingJobTable(MergeInputError, FileNotFoundError):
@@ -249,9 +249,10 @@ def _read_batch(paths: list[str | Path], expect: dict | None = None,
         except (pa.ArrowException, OSError, shards.ShardError) as exc:
             if job_record is None:
                 raise
-            what = f"is not a valid job table ({type(exc).__name__}: {exc})"
+            detail = " ".join(str(exc).split())  # one line per bad file
+            what = f"is not a valid job table ({type(exc).__name__}: {detail})"
             if isinstance(exc, (pa.ArrowInvalid, OSError)):
-                what = f"is not a readable Parquet file, truncated or corrupt ({exc})"
+                what = f"is not a readable Parquet file, truncated or corrupt ({detail})"
             problems.append(_problem(Path(p), job_record, record, what, snakemake_args))
             continue
         if record is not None:
@@ -301,6 +302,9 @@ def _write_dataset_tmp(table: pa.Table, out: Path) -> Path:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; results are for everyone to read
     try:
         if table.num_rows:
             # One chunk per shard made the partitioned write 25x slower (per-batch work).
@@ -935,15 +939,17 @@ def aggregate(
         env = pa.Table.from_pandas(environment_table(jobs, records), preserve_index=False)
     energy_out, summary_out = Path(energy_out), Path(summary_out)
     staged: list[tuple[Path, Path]] = []
+    writing = energy_out
     try:
         staged.append((_write_dataset_tmp(table, energy_out), energy_out))
         summary_out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".tmp-{summary_out.name}-", dir=summary_out.parent)
         os.close(fd)
         staged.append((Path(tmp), summary_out))
+        writing = summary_out
         summary.to_csv(tmp, index=False)
         if env is not None:
-            env_out = Path(environment_out)
+            env_out = writing = Path(environment_out)
             fd, tmp = tempfile.mkstemp(prefix=f".tmp-{env_out.name}-", dir=env_out.parent)
             os.close(fd)
             staged.append((Path(tmp), env_out))
@@ -957,6 +963,8 @@ def aggregate(
                 os.chmod(tmp_path, 0o666 & ~umask)
             _swap_in(tmp_path, out)
         staged = []
+    except OSError as exc:  # a full disk, say: name the output (pyarrow's errors do not)
+        raise shards.write_error(exc, writing) from exc
     finally:
         for tmp_path, _ in staged:
             if tmp_path.is_dir():

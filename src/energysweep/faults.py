@@ -118,7 +118,8 @@ def inject(rank: int, batch_size: int, scenario: str, environ=None) -> None:
     if fault is None or not fault.applies(rank, batch_size, scenario):
         return
     what = f"injected fault ({fault.action}) on rank {rank} at batch size {batch_size} ({scenario})"
-    print(f"{ENV_VAR}: {what}", file=sys.stderr, flush=True)
+    # The wall-clock time lets a test bound how long the job took to fail after the fault.
+    print(f"{ENV_VAR}: {what} at unix time {time.time():.3f}", file=sys.stderr, flush=True)
     if fault.action == "raise":
         raise RuntimeError(what)
     if fault.action == "kill":

@@ -320,9 +320,13 @@ class Measurer:
         self.params, self.params_method = self._parameters()
 
     def _parameters(self) -> tuple[int | None, str]:
-        """Parameters of one replica: from the checkpoint (rank 0, shared), else models[].dims."""
-        counted = _count_parameters(self.ctx.model_dir) if self.ctx.rank == 0 else None
-        counted = dist.gather(counted)[0]  # collective: every rank takes rank 0's count
+        """Parameters of one replica: from the checkpoint, else models[].dims.
+
+        Every rank counts (the same config.json, the same number) rather than waiting in a
+        collective while rank 0 alone imports and builds the model: such a one-sided wait at
+        start-up would have to fit within ``limits.collective_timeout_s``.
+        """
+        counted = _count_parameters(self.ctx.model_dir)
         if counted:
             return counted, "counted"
         declared = (self.spec.get("model_entry") or {}).get("dims", {}).get("num_parameters")
@@ -622,10 +626,8 @@ def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds
         "job_table_rows": job_table_rows,
         "schema_version": shards.SCHEMA_VERSION,
     }
-    path = spec["outputs"]["job_json"]
-    tmp = Path(path).with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp, path)
+    shards.write_text_atomic(json.dumps(record, indent=2, default=str),
+                             spec["outputs"]["job_json"])
 
 
 def _write_no_requests(spec: dict) -> None:

@@ -148,10 +148,34 @@ def write_atomic(table: pa.Table, path: str | Path) -> None:
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone to read
     try:
-        pq.write_table(table, tmp)
+        try:
+            pq.write_table(table, tmp)
+        except OSError as exc:
+            raise write_error(exc, path) from exc
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_error(exc: OSError, path: str | Path) -> OSError:
+    """``exc`` (a failed write: a full disk, say) saying which file; pyarrow's errors do not."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return OSError(exc.errno, f"cannot write {path}: {reason}")
+
+
+def write_text_atomic(text: str, path: str | Path) -> None:
+    """Write ``text`` to ``path`` via a temp file beside it and a rename (as write_atomic)."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    try:
+        try:
+            tmp.write_text(text)
+        except OSError as exc:
+            raise write_error(exc, path) from exc
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -28,9 +28,11 @@ EXIT_FAILED = 1
 
 def console_line(step: str, exc: BaseException, log_path: str | Path) -> str:
     """The one console line of a failed step: what failed, why (first line), where the log is."""
-    first = (str(exc).strip().splitlines() or [""])[0]
-    if len(first) > 300:
-        first = first[:300] + "..."
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    # The second line too: a merge's first bad file, say, is worth seeing without the log.
+    first = " | ".join(lines[:2])
+    if len(first) > 600:
+        first = first[:600] + "..."
     why = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return f"energysweep step {step} failed: {why} (full traceback in {log_path})"
 

@@ -65,8 +65,13 @@ def make_sweep(root: Path) -> list[Path]:
             ]
             tables.append(shards.to_table(rows))
             shards.write_atomic(tables[-1], job_dir / name)
-        shards.write_atomic(shards.concat(tables), job_dir / shards.JOB_TABLE)
-        (job_dir / "job.json").write_text(json.dumps({"job_id": f"j{j}"}))
+        job_table = shards.concat(tables)
+        shards.write_atomic(job_table, job_dir / shards.JOB_TABLE)
+        # What the merge checks a job table against (aggregate.merge with job records).
+        record = {"job_id": f"j{j}", "config_hash": "h", "job_table_rows": job_table.num_rows,
+                  "job": {"model": model, "backend": backend, "scenario": "inference",
+                          "tp": 1, "pp": 1, "dp": dp}}
+        (job_dir / "job.json").write_text(json.dumps(record))
         records.append(job_dir / "job.json")
     return records
 

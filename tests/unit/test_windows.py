@@ -289,3 +289,58 @@ def test_parameters_from_the_checkpoint_config(tmp_path):
     expected = LlamaForCausalLM(cfg).num_parameters()
     assert run._count_parameters(str(tmp_path)) == expected
     assert run._count_parameters(str(tmp_path / "missing")) is None
+
+
+# Job-wide agreement on a point's outcome (Measurer.agree_on_failure): the other ranks' outcomes
+# are what energysweep.dist.agree returns; here it is replaced by the outcomes of a 2-rank world.
+
+
+def _agree_as(monkeypatch, other):
+    """dist.agree of a world where rank 1 reports ``other`` (an exception: agreement fails)."""
+
+    def agree(mine):
+        if isinstance(other, BaseException):
+            raise other
+        return [mine, other]
+
+    monkeypatch.setattr(dist, "agree", agree)
+
+
+def test_point_failed_on_every_rank_is_its_status(gpu_rank, monkeypatch):
+    make, clock, _ = gpu_rank
+    measurer, _ = make(backend=FakeBackend(clock, fail=RuntimeError("CUDA out of memory")))
+    _agree_as(monkeypatch, ("oom", "RuntimeError: CUDA out of memory", False))
+    rows = [r for rep in measurer.point(8) for r in rep]
+    assert {r["status"] for r in rows} == {"oom"}
+
+
+@pytest.mark.parametrize(("fail", "other", "match"), [
+    (None, ("error", "RuntimeError: boom", False), r"failed on rank\(s\) \[1\] of 2: .*boom"),
+    (RuntimeError("CUDA out of memory"), None, r"failed on rank\(s\) \[0\] of 2"),
+    (RuntimeError("CUDA out of memory"),
+     ("error", "RuntimeError: [gloo] Timed out waiting 600000ms for recv operation", True),
+     r"failed on rank\(s\) \[0, 1\] of 2.*in a collective"),
+    (RuntimeError("CUDA out of memory"),
+     RuntimeError("[gloo/unbound_buffer.cc:129] Timed out waiting 600000ms for send operation"),
+     r"rank 0: the ranks did not agree on batch size 8 within limits\.collective_timeout_s=600 s"),
+])
+def test_point_failed_on_some_ranks_or_in_a_collective_aborts_the_job(
+    gpu_rank, monkeypatch, fail, other, match
+):
+    make, clock, _ = gpu_rank
+    measurer, _ = make(backend=FakeBackend(clock, fail=fail) if fail else None)
+    _agree_as(monkeypatch, other)
+    with pytest.raises(dist.JobAborted, match=match):
+        measurer.point(8)
+
+
+@pytest.mark.parametrize(("text", "comm"), [
+    ("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation "
+     "to complete", True),
+    ("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9607", True),
+    ("Application timeout caused pair closure", True),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", False),
+    ("index out of range in self", False),
+])
+def test_communication_failures_recognised(text, comm):
+    assert dist.is_communication_failure(RuntimeError(text)) is comm

@@ -34,6 +34,10 @@ def workflow_copy(dst: Path, root: Path = ROOT) -> Path:
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
             shutil.copy2(src, dst / name)
+    # The default sweep's vLLM ranks use .venv-vllm beside the Snakefile (config
+    # `environments.vllm`): link the checkout's, as built by `make vllm-env`.
+    if (ROOT / ".venv-vllm").is_dir() and not (dst / ".venv-vllm").exists():
+        (dst / ".venv-vllm").symlink_to(ROOT / ".venv-vllm", target_is_directory=True)
     return dst
 
 

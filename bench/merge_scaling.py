@@ -139,6 +139,7 @@ def generate(root: Path, n_shards: int) -> tuple[list[Path], list[Path], float]:
             "job_id": f"job{j:05d}",
             "config_hash": "h",
             "code_version": "bench",
+            "job_table_rows": kept * world,  # what the merge checks the job table against
             "environment": {
                 "hosts": [{"host": "node0", "cpu_model": "x"}],
                 "gpus": [{"host": "node0", "uuid": f"GPU-{j:05d}-000"}],
@@ -214,7 +215,8 @@ def child(side: str, listing: Path, out: Path) -> None:
 
             return wrapper
 
-        for name in ("merge", "write_dataset", "windows", "summarize", "environment_table"):
+        for name in ("merge", "write_dataset", "_write_dataset_tmp", "windows", "summarize",
+                     "environment_table"):
             if hasattr(agg, name):
                 setattr(agg, name, timed(name, getattr(agg, name)))
         kwargs = {}

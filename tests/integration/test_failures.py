@@ -243,6 +243,8 @@ def test_rank_raising_alone_fails_pp2_jobs_within_bound(wf):
         (fault_at,) = _fault_times(log)
         # Bound: the agreement deadline, the kill grace, and teardown.
         failed_after = log_path.stat().st_mtime - fault_at
+        print(f"{job_dir}: failed {failed_after:.1f} s after the fault (bound "
+              f"{timeout_s + grace_s + 15} s)")
         assert failed_after < timeout_s + grace_s + 15, failed_after
     assert_nothing_left(wf, PP2_JOBS)
 
@@ -287,6 +289,8 @@ def test_sigterm_to_measure_step_and_sigkill_of_a_rank_then_rerun(wf):
             run.kill()
             run.wait(timeout=60)
     assert run.returncode != 0
+    print(f"both jobs stopped and Snakemake exited {stopped_after:.1f} s after the signals")
+    # Bound: kill_grace_s for the SIGTERMed job; torchrun's own 30 s grace for its ranks at most.
     assert stopped_after < PP2["limits"]["kill_grace_s"] + 30, stopped_after
     assert_nothing_left(wf, PP2_JOBS)
     inference_log = (wf / log_of(inference)).read_text()

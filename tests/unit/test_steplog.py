@@ -74,3 +74,23 @@ def test_step_fault_hook(tmp_path):
     assert proc.returncode == 1
     assert "RuntimeError: injected fault (raise) in step my_rule" in log.read_text()
     assert "energysweep step my_rule failed" in proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["/v/bin/snakemake", "--profile", "profiles/slurm", "--configfile=c.yaml", "-n"],
+     ["--profile", "profiles/slurm", "--configfile=c.yaml"]),
+    (["python", "-m", "snakemake", "--configfile", "a.yaml", "b.yaml", "--cores", "4", "all"],
+     ["--configfile", "a.yaml", "b.yaml"]),
+    (["snakemake", "--profile=profiles/local", "-d", "wf", "--forcerun", "x"],
+     ["--profile=profiles/local", "-d", "wf"]),
+])
+def test_rerun_options_taken_from_the_snakemake_command_line(argv, expected):
+    from energysweep.steplog import _pick_options
+
+    assert _pick_options(argv) == expected
+
+
+def test_snakemake_options_none_without_a_snakemake_ancestor():
+    from energysweep.steplog import snakemake_options
+
+    assert snakemake_options() is None  # pytest's ancestors are not Snakemake

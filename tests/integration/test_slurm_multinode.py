@@ -148,8 +148,9 @@ def test_multinode_sweep_matches_single_process(slurm_multinode, tmp_path):
         tp, pp, dp = layout
         got = multi[multi["slurm_job_id"] == ids[0]]
         if scenario == "training":
-            loss = got["loss"].iloc[0]
-            assert got["loss"].nunique() == 1  # every rank agrees
+            at2 = got[got["batch_size"] == 2]["loss"]  # 2 per replica: global batch 2·dp
+            loss = at2.iloc[0]
+            assert at2.nunique() == 1, at2  # every rank agrees on the global-batch loss
             assert abs(loss - ref_loss[2 * dp]) <= LOSS_TOL, (layout, loss, ref_loss)
         else:
             tokens = generations(Path(got["wf"].iloc[0]), *layout).loc[2]

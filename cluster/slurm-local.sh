@@ -463,6 +463,8 @@ net_recorded() { [[ -f $NET_RECORD ]] && grep -qx "$1" "$NET_RECORD"; }
 
 net_up() {
     local node k
+    # `ip netns add` creates /run/netns and bind-mounts it on itself; `down` undoes that if so.
+    [[ -e /run/netns ]] || net_recorded "dir /run/netns" || record_net "dir /run/netns"
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
         ip link add "$BRIDGE" type bridge
         record_net "link $BRIDGE"
@@ -508,6 +510,10 @@ net_down() {
         log "removing bridge $name"
         ip link del "$name" 2>/dev/null || true
     done <"$NET_RECORD"
+    if net_recorded "dir /run/netns" && [[ -z $(ls -A /run/netns 2>/dev/null) ]]; then
+        while mountpoint -q /run/netns; do umount /run/netns || break; done
+        rmdir /run/netns 2>/dev/null || true
+    fi
     rm -f "$NET_RECORD"
 }
 

@@ -46,6 +46,9 @@ REASONS: dict[str, str] = {
 GPU_CHECKS = ("partial_gpus", "counter_stuck", "ci_wide", "idle_unstable", "throttled",
               "no_timeline", "recheck_mismatch")
 
+# Checks that need at least one ok window.
+WINDOW_CHECKS = ["window_short", "few_iterations", "steady_state_short", "batch_not_full"]
+
 DEFAULTS = {
     "counter_period_s": 0.1, "min_counter_periods": 50, "min_iterations": 32,
     "min_steady_state_s": 20, "min_ok_repetitions": 3, "max_ci_half_width": 0.05,
@@ -206,11 +209,18 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
         "no_timeline": has_energy & any_unchecked & bool(c["require_timeline"]),
         "recheck_mismatch": has_energy & (s["recheck_max_deviation"] > c["max_recheck_deviation"]),
     }
-    fails = {k: np.asarray(v, dtype=bool) for k, v in fails.items()}
+    fails = {k: np.array(v, dtype=bool) for k, v in fails.items()}
+    # A point with no ok window has nothing to time: few_repetitions says it, and the window
+    # checks are listed as unchecked rather than failed.
+    no_ok = (s["repetitions_ok"] == 0).to_numpy()
+    for k in WINDOW_CHECKS:
+        fails[k] &= ~no_ok
     codes = [";".join(k for k in REASONS if fails[k][i]) for i in range(n)]
     unchecked = []
     for i in range(n):
         skip = [] if has_energy.iloc[i] else list(GPU_CHECKS)
+        if no_ok[i]:
+            skip += WINDOW_CHECKS
         if has_energy.iloc[i] and s["idle_check_status"].iloc[i] != "ok":
             skip.append("idle_unstable")
         if has_energy.iloc[i] and any_unchecked[i]:

@@ -259,3 +259,14 @@ def test_cpu_stages_have_cpu_time_and_null_energy():
     assert table["gpu_energy_j"].isna().all() and table["gpu_energy_share"].isna().all()
     assert table["cpu_time_s"].tolist() == [1.0, 2.0]
     assert table["gpu_energy_status"].str.startswith("unavailable").all()
+
+
+def test_failed_point_says_few_repetitions_not_window_codes():
+    failed = dict(status="oom", error="OOM", window_start_ns=None, window_end_ns=None,
+                  iterations=None, requests=None, input_tokens=None, output_tokens=None,
+                  gpu_uuid=None, gpu_energy_mj=None, gpu_energy_status="unavailable")
+    rows = shards.to_table([row(repetition=k, **failed) for k in range(3)]).to_pandas()
+    s, _ = verdict(rows, EMPTY_POWER)
+    assert codes(s) == {"no_gpu_energy", "few_repetitions"} and not s["valid"].iloc[0]
+    assert set(validity.WINDOW_CHECKS) <= set(s["validity_unchecked"].iloc[0].split(";"))
+    assert aggregate.unexplained_nulls(s) == []

@@ -5,9 +5,9 @@ Two ways to redraw the figures and rebuild ``results/report.html`` on a finished
 - one start-up (now, `make run`): ``snakemake --report results/report.html --report-after-run``.
 Both force the ``figures`` and ``report_pages`` jobs, so they do the same work; the difference is
 the second workflow parse and DAG build. Measured in ABAB... order (``--rounds`` each), in a
-workflow copy with a one-layout sweep; the figure is the mean CPU and wall seconds saved.
+workflow copy with a one-job sweep; the figure is the mean CPU and wall seconds saved.
 
-    python bench/report_startup.py              # ~2 min on 2 cores (the sweep, then 3 rounds)
+    python bench/report_startup.py              # ~2 min on 2 cores (one job, then 3 rounds)
     python bench/report_startup.py --rounds 5
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import yaml
 from _common import VENV_BIN, check, machine, timed, workflow_copy
 
-SWEEP = {  # the smallest sweep that still draws every figure's kind of data
-    "scenarios": ["inference", "training"],
-    "parallel": {"tp": [1], "pp": [1, 2], "dp": [1], "max_gpus_per_job": 2},
+SWEEP = {  # one small job: what is timed is the start-up, not the sweep
+    "scenarios": ["inference"],
+    "parallel": {"tp": [1], "pp": [1], "dp": [1], "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [1, 4], "repetitions": 2, "iterations": 1},
 }
 FORCE = ["--forcerun", "figures", "report_pages"]

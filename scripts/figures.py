@@ -5,9 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
+from energysweep.steplog import step_log  # noqa: E402
+
 sm = snakemake  # noqa: F821
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule):
     from energysweep.figures.render import draw_all
 
     inputs = dict(sm.input.items())

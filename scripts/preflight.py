@@ -7,10 +7,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
 from energysweep import preflight  # noqa: E402
+from energysweep.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule):
     report = preflight.run(
         require=sm.params.require,
         max_idle_std_w=sm.params.max_idle_std_w,

@@ -7,14 +7,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
 from energysweep import preflight  # noqa: E402
+from energysweep.steplog import step_log, to_console  # noqa: E402
 
 sm = snakemake  # noqa: F821
-with open(sm.log[0], "w") as log:
-    sys.stderr = sys.stdout = log
+with step_log(sm.log[0], sm.rule):
     reports = [json.loads(Path(p).read_text()) for p in sm.input]
     text = preflight.verdict(reports)
     print(text)
-    print(text, file=sys.__stdout__)  # the one-screen verdict, on the terminal too
+    to_console(text)  # the one-screen verdict, on the terminal too
     if not all(r["pass"] for r in reports):
         raise SystemExit(
             "preflight failed: energy that measurement.require_energy asks for cannot be "

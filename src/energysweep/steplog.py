@@ -24,6 +24,15 @@ from pathlib import Path
 from energysweep import faults
 
 EXIT_FAILED = 1
+# The running step's console (its original stderr), for what must be seen on the terminal.
+_console = None
+
+
+def to_console(text: str) -> None:
+    """Print ``text`` on the running step's console (the terminal), besides the rule log."""
+    if _console is not None:
+        with contextlib.suppress(Exception):
+            print(text, file=_console, flush=True)
 
 
 def console_line(step: str, exc: BaseException, log_path: str | Path) -> str:
@@ -57,7 +66,8 @@ def step_log(log_path: str | Path, step: str) -> Iterator:
         with contextlib.suppress(Exception):
             stream.flush()
     # The console: a duplicate of fd 2 taken before fd 2 is pointed at the log.
-    console = os.fdopen(os.dup(2), "w", buffering=1)
+    global _console
+    console = _console = os.fdopen(os.dup(2), "w", buffering=1)
     saved_fds = (os.dup(1), os.dup(2))
     saved = (sys.stdout, sys.stderr)
     with open(log_path, "w", buffering=1) as log:
@@ -84,6 +94,7 @@ def step_log(log_path: str | Path, step: str) -> Iterator:
             os.dup2(saved_fds[1], 2)
             for fd in saved_fds:
                 os.close(fd)
+            _console = None
             console.close()
 
 

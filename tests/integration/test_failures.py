@@ -139,15 +139,20 @@ def wf(tmp_path_factory):
     """A workflow copy whose steps are made to fail one stage after another, then complete.
 
     Run 1: record_config, grid_tables and build_tiny_model fail (nothing else can run).
-    Run 2: everything up to the merge completes; the plot step fails. Both runs' output is kept
-    for the step tests; the workflow (model built, results merged) serves the later tests.
+    Run 2: everything up to the merge completes; the figure and report-page steps fail.
+    Runs 3 and 4 (target ``preflight``): its node step fails, then its verdict step. Every run's
+    output is kept for the step tests; the workflow (model built, results merged) serves the later tests.
     """
     wf = workflow_copy(tmp_path_factory.mktemp("failures"))
     cfg = write_config(wf, "base.yaml", BASE)
     runs = {}
-    for run, steps in (("early", ["record_config", "grid_tables", "build_tiny_model"]),
-                       ("late", ["plot_energy_per_token"])):
-        proc = snakemake(wf, cfg, fault={"action": "raise", "step": steps})
+    for run, steps, target in (
+        ("early", ["record_config", "grid_tables", "build_tiny_model"], []),
+        ("late", ["figures", "report_pages"], []),
+        ("preflight_node", ["preflight_node"], ["preflight"]),
+        ("preflight", ["preflight"], ["preflight"]),
+    ):
+        proc = snakemake(wf, cfg, *target, fault={"action": "raise", "step": steps})
         # A later run redoes the failed steps (and rewrites their logs): keep them now.
         logs = {step: _read(wf / STEP_LOGS[step][1]) for step in steps}
         runs[run] = (proc, logs)
@@ -158,7 +163,10 @@ STEP_LOGS = {
     "record_config": ("early", "logs/record_config.log"),
     "grid_tables": ("early", "logs/grid_tables.log"),
     "build_tiny_model": ("early", "logs/build_model/tiny-llama.log"),
-    "plot_energy_per_token": ("late", "logs/plot_energy_per_token.log"),
+    "figures": ("late", "logs/figures.log"),
+    "report_pages": ("late", "logs/report_pages.log"),
+    "preflight_node": ("preflight_node", "logs/preflight/node~0.log"),
+    "preflight": ("preflight", "logs/preflight/verdict.log"),
 }
 
 
@@ -181,7 +189,7 @@ def test_failed_step_traceback_in_its_log_one_line_on_console(wf, step):
 @pytest.mark.timeout(2 * SNAKEMAKE_TIMEOUT_S)
 def test_steps_after_a_failure_complete_and_merge_ran(wf):
     wf, _, runs = wf
-    assert runs["late"][0].returncode != 0  # the plot step failed on purpose
+    assert runs["late"][0].returncode != 0  # the figure steps failed on purpose
     for out in ("config.yaml", "grid/jobs.tsv", "summary.csv", "environment.parquet"):
         assert (wf / "results" / out).is_file(), out
     assert not (wf / "results" / "plots" / "energy_per_token.png").exists()

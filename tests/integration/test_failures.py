@@ -141,7 +141,8 @@ def wf(tmp_path_factory):
     Run 1: record_config, grid_tables and build_tiny_model fail (nothing else can run).
     Run 2: everything up to the merge completes; the figure and report-page steps fail.
     Runs 3 and 4 (target ``preflight``): its node step fails, then its verdict step. Every run's
-    output is kept for the step tests; the workflow (model built, results merged) serves the later tests.
+    output is kept for the step tests; the workflow (model built, results merged) serves the
+    later tests.
     """
     wf = workflow_copy(tmp_path_factory.mktemp("failures"))
     cfg = write_config(wf, "base.yaml", BASE)

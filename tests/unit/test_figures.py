@@ -277,6 +277,19 @@ def test_pareto_without_energy_is_a_cpu_time_front_said_so():
     assert len(notes(fig)) == 2 and all("GPU energy not measured" in n for n in notes(fig))
 
 
+def test_cpu_time_front_drawn_although_every_point_lacks_gpu_energy():
+    """On CPU every point is invalid (no_gpu_energy): the stand-in's front is still drawn,
+    and the points stay hollow (their energy verdict)."""
+    s = summary(energy=False)
+    s["valid"], s["invalid_reasons"] = False, "no_gpu_energy"
+    fig = pareto_front(prepare(s))
+    ax = fig.axes[0]
+    pts = prepare(s)
+    expected = int(pareto_mask(pts["output_tokens_per_s"], pts["cpu_s_per_output_token"]).sum())
+    assert front_points(fig) == expected >= 1
+    assert invalid_points(ax) == len(s)
+
+
 # --- question 5 -----------------------------------------------------------------------------
 
 

@@ -37,9 +37,12 @@ def _panel(ax, rows: pd.DataFrame, scenario: str) -> None:
         return
     pts = rows[rows[q.column].notna() & rows[t.column].notna()].reset_index(drop=True)
     valid = pts["valid_point"].to_numpy(dtype=bool)
-    # Invalid points are drawn but never define the front.
+    # Invalid points are drawn but never define a GPU-energy front. The verdict is about GPU
+    # energy: where a stand-in (host energy, CPU time) is drawn, every point is invalid for
+    # want of GPU energy, and the stand-in's own front is still worth showing.
+    eligible = valid if q.note is None else np.ones(len(pts), dtype=bool)
     front = np.zeros(len(pts), dtype=bool)
-    front[valid] = pareto_mask(pts.loc[valid, t.column], pts.loc[valid, q.column])
+    front[eligible] = pareto_mask(pts.loc[eligible, t.column], pts.loc[eligible, q.column])
     xs, ys = pts[t.column].to_numpy(float), pts[q.column].to_numpy(float)
     tci, qci = t.ci_of(pts), q.ci_of(pts)
     entries = {}
@@ -91,7 +94,8 @@ def pareto_front(s: pd.DataFrame) -> Figure:
 
     One panel per scenario present. Points are labelled with their batch size (per replica);
     front points are larger, black-edged, starred, and joined by a step line. Invalid points
-    are hollow and excluded from the front.
+    are hollow and excluded from a GPU-energy front (not from the front of a stand-in quantity,
+    CPU time say, drawn where GPU energy was not measured).
     """
     scenarios = [x for x in ("inference", "training") if len(s) and s["scenario"].eq(x).any()]
     fig, axes = draw.new_figure(1, max(len(scenarios), 1), width=6.2, height=4.8)

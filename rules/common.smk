@@ -25,8 +25,10 @@ es_config.check(
     config,
     base_dir=Path.cwd(),
     use_conda=USE_CONDA,
-    # A dry run executes nothing: an engine missing here is a warning, not an error.
-    dry_run=bool(getattr(workflow.output_settings, "dryrun", False)),
+    # A dry run or a lint executes nothing: an engine missing here is a warning, not an error.
+    # (Snakemake exposes no lint setting to the workflow; its own command line says it.)
+    dry_run=bool(getattr(workflow.output_settings, "dryrun", False))
+    or "--lint" in sys.argv,
     workflow_dir=workflow.basedir,
 )
 

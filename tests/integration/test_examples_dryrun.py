@@ -157,6 +157,13 @@ def test_a_missing_engine_fails_validation_outside_a_dry_run(wf):
     assert not (wf / "results" / "grid" / "jobs.tsv").exists()
 
 
+def test_lint_runs_without_the_engine_environment(wf):
+    """`snakemake --lint` executes nothing: a missing engine environment is only a warning."""
+    rc, out = snakemake(wf, "--lint", "--configfile", "config/examples/vllm-dgx2.yaml")
+    assert rc == 0, out[-4000:]
+    assert "warning (dry run): config key environments.vllm" in out
+
+
 def test_multi_node_torchrun_jobs_get_one_task_per_node(wf):
     """PyTorch over two nodes: one task per node, each a torchrun of 16 ranks."""
     jobs = measure_jobs(dry_run(wf, "dgx2-pytorch.yaml"))

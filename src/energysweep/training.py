@@ -49,6 +49,7 @@ from torch import nn
 
 from energysweep import dist, faults
 from energysweep.grid import ParallelLayout
+from energysweep.oom import is_oom
 from energysweep.run import PHASE_GENERATE, Measurer, _prompt_indices
 
 log = logging.getLogger(__name__)
@@ -573,10 +574,6 @@ def make_trainer(
 # The measurer
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 class TrainingMeasurer(Measurer):
     """Runs the training windows of one job on one rank; ``run.main`` drives it like a Measurer.
 
@@ -645,7 +642,7 @@ class TrainingMeasurer(Measurer):
         except dist.LayoutMismatch:
             raise
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
-            error = self.point_error(exc, _is_oom(exc))
+            error = self.point_error(exc, is_oom(exc))
         finally:
             if trainer is not None:
                 trainer.close()

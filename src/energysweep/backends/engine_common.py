@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from energysweep.backends import request_log
+from energysweep.oom import is_oom
 
 # Defaults of the proposed config section ``engine:`` (see docs/backends.md); used while the
 # spec does not carry it.
@@ -76,17 +77,6 @@ def spec_of(ctx) -> dict:
     return spec
 
 
-def is_oom(exc: BaseException) -> bool:
-    """CUDA out-of-memory, as torch raises it or as an engine reports it in its message."""
-    try:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except ImportError:  # pragma: no cover - torch is present wherever an engine is
-        pass
-    return "out of memory" in str(exc).lower()
-
 
 class EngineBackend:
     """Tokenisation and the per-request log; subclasses add the engine itself.
@@ -115,9 +105,7 @@ class EngineBackend:
     def input_tokens(batch: list[list[int]]) -> int:
         return sum(len(ids) for ids in batch)
 
-    @staticmethod
-    def is_oom(exc: BaseException) -> bool:
-        return is_oom(exc)
+    is_oom = staticmethod(is_oom)
 
     def _submit(self, submit, batch: list[list[int]], timing_of, writer: bool = True):
         """Run ``submit(batch)`` timed; on a writer, return each request's generated token ids

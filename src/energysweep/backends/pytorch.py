@@ -23,6 +23,7 @@ import torch
 from energysweep.backends import pt_parallel
 from energysweep.dist import RankContext
 from energysweep.grid import ModelDims
+from energysweep.oom import is_oom
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -86,9 +87,7 @@ class PyTorchBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @staticmethod
-    def is_oom(exc: BaseException) -> bool:
-        return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    is_oom = staticmethod(is_oom)
 
     def close(self) -> None:
         del self.runner

@@ -1,0 +1,168 @@
+"""The shape of ``src/energysweep``: imports point one way, modules and functions stay readable.
+
+These are checks on the source text, not on behaviour: an import cycle, a module over
+``MAX_MODULE_LINES`` or a function over ``MAX_FUNCTION_LINES`` fails here unless its docstring
+gives the reason (a line starting ``Why this is long:``). Lazy imports inside functions count as
+edges too: hiding a cycle in a function does not remove it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = "energysweep"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+REASON = "Why this is long:"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted((SRC / PACKAGE).rglob("*.py"))}
+
+
+def _is_package(name: str, modules: dict[str, Path]) -> bool:
+    return modules[name].name == "__init__.py"
+
+
+def _resolve(node: ast.ImportFrom, name: str, modules: dict[str, Path]) -> str | None:
+    """The absolute module an ``ImportFrom`` names (relative imports resolved against ``name``)."""
+    if node.level == 0:
+        return node.module
+    base = name.split(".")
+    if not _is_package(name, modules):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_edges(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Every ``energysweep`` module each module imports, at any depth of its body."""
+    modules = modules if modules is not None else _modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(node, name, modules)
+                if base is None:
+                    continue
+                targets = [base]
+                targets += [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            for target in targets:
+                # importing a.b.c also runs a.b's __init__: the nearest known module counts
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target.startswith(PACKAGE + "."):
+                    edges[name].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_import_walker_sees_lazy_and_package_imports(tmp_path):
+    pkg = tmp_path / PACKAGE / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / PACKAGE / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from energysweep.sub.leaf import X\n")
+    (pkg / "leaf.py").write_text("def f():\n    from energysweep.sub import Y\n")
+    modules = {
+        f"{PACKAGE}": tmp_path / PACKAGE / "__init__.py",
+        f"{PACKAGE}.sub": pkg / "__init__.py",
+        f"{PACKAGE}.sub.leaf": pkg / "leaf.py",
+    }
+    edges = import_edges(modules)
+    assert cycles(edges) == [[f"{PACKAGE}.sub", f"{PACKAGE}.sub.leaf"]]
+
+
+def test_no_import_cycle_in_src():
+    found = cycles(import_edges())
+    assert not found, "import cycles in src/: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def _has_reason(node) -> bool:
+    doc = ast.get_docstring(node) or ""
+    return any(line.strip().startswith(REASON) for line in doc.splitlines())
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_module_and_function_length(name):
+    path = _modules()[name]
+    tree = ast.parse(path.read_text(), str(path))
+    too_long = []
+    lines = path.read_text().count("\n")
+    if lines > MAX_MODULE_LINES and not _has_reason(tree):
+        too_long.append(f"module {name}: {lines} lines")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES and not _has_reason(node):
+                too_long.append(f"{name}.{node.name}: {length} lines")
+    assert not too_long, (
+        f"over {MAX_MODULE_LINES} lines per module / {MAX_FUNCTION_LINES} per function without "
+        f"a '{REASON}' line in the docstring: {too_long}"
+    )
+
+
+def test_no_snakemake_import_in_src():
+    offenders = [
+        name
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and any(
+            (a.name if isinstance(node, ast.Import) else node.module or "").startswith("snakemake")
+            for a in node.names
+        )
+    ]
+    assert not offenders, offenders

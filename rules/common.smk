@@ -1,5 +1,6 @@
-# Grid construction and input functions. The grid logic itself lives in energysweep.grid /
-# energysweep.config; this file only turns it into Snakemake patterns.
+# Grid construction and input functions. The grid logic itself lives in energysweep.sweep /
+# energysweep.placement / energysweep.jobspec / energysweep.config; this file only turns it into
+# Snakemake patterns.
 import sys
 from pathlib import Path
 
@@ -11,7 +12,10 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from energysweep import config as es_config
 from energysweep import environments as es_environments
 from energysweep.envinfo import code_version
-from energysweep.grid import BACKENDS, ParallelLayout, launch_mode, node_request
+from energysweep.backends.registry import BACKENDS
+from energysweep.grid import ParallelLayout
+from energysweep.jobspec import JobDir, JobSpec
+from energysweep.placement import Placement
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -35,10 +39,10 @@ es_config.check(
 GRID = es_config.build_grid(config, Path.cwd())
 # A layout asking one node for more CPUs/memory than it has would wait for ever: refuse it now.
 es_config.check_node_fit(config, GRID)
-CONFIG_HASH = es_config.config_hash(config)
+# The whole config's hash (results/config.yaml); each job's own is jobspec.settings_hash.
+CONFIG_HASH = es_config.sweep_hash(config)
 CODE_VERSION = code_version(workflow.basedir)
 MODELS = {m["name"]: m for m in config["models"]}
-ENGINE_BACKENDS = {"vllm", "tensorrt-llm"}
 BATCH_SIZES = sorted(config["workload"]["batch_sizes"])
 REPS = list(range(config["workload"]["repetitions"]))
 
@@ -48,6 +52,8 @@ JOBS = pd.DataFrame(
 )
 PARAMS = Paramspace(JOBS)
 JOB_DIR = f"results/shards/{PARAMS.wildcard_pattern}"
+# Every output path of one job (energysweep.jobspec.JobDir), as wildcard patterns.
+JOB_PATHS = JobDir(JOB_DIR)
 
 
 wildcard_constraints:
@@ -63,10 +69,15 @@ def world_size(wildcards):
     return int(wildcards.tp) * int(wildcards.pp) * int(wildcards.dp)
 
 
-def get_node_request(wildcards):
-    """What each node of this job is asked for (energysweep.grid.node_request)."""
+def get_placement(wildcards):
+    """The job's placement on nodes (energysweep.placement.Placement)."""
     layout = ParallelLayout(int(wildcards.tp), int(wildcards.pp), int(wildcards.dp))
-    return node_request(wildcards.backend, layout, config["parallel"]["gpus_per_node"])
+    return Placement(layout, wildcards.backend, config["parallel"]["gpus_per_node"])
+
+
+def get_node_request(wildcards):
+    """What each node of this job is asked for (energysweep.placement.Placement)."""
+    return get_placement(wildcards).node_request
 
 
 def get_threads(wildcards):
@@ -79,7 +90,7 @@ def get_threads(wildcards):
 
 def get_nodes(wildcards):
     """Nodes a layout spans: one GPU per rank, parallel.gpus_per_node per node."""
-    return -(-world_size(wildcards) // config["parallel"]["gpus_per_node"])
+    return get_placement(wildcards).nodes
 
 
 def multi_node(wildcards):
@@ -107,13 +118,7 @@ def get_tasks(wildcards):
     """Multi-node jobs: one task per node (one torchrun each), or tp*pp MPI ranks under the mpi
     launch mode (TensorRT-LLM). Never set on single-node GPU jobs, where the plugin would turn
     it into --ntasks-per-gpu (plugin issue #459)."""
-    if not multi_node(wildcards):
-        return None
-    layout = ParallelLayout(int(wildcards.tp), int(wildcards.pp), int(wildcards.dp))
-    gpn = config["parallel"]["gpus_per_node"]
-    if launch_mode(wildcards.backend, layout, gpn) == "mpi":
-        return layout.ranks_per_replica
-    return get_nodes(wildcards)
+    return get_placement(wildcards).slurm_tasks
 
 
 def get_tasks_per_gpu(wildcards):
@@ -130,7 +135,7 @@ def get_model_input(wildcards):
 
 def get_conda_env(wildcards):
     """The measure job's environment under --software-deployment-method conda: one per backend."""
-    return str(Path(workflow.basedir) / "envs" / f"{wildcards.backend}.yaml")
+    return str(Path(workflow.basedir) / BACKENDS[wildcards.backend].conda_env)
 
 
 def get_python(wildcards):
@@ -156,36 +161,26 @@ def get_model_dir(wildcards, input):
 
 
 def get_job_spec(wildcards):
-    """Everything a job's ranks need, as data (written to JSON, never through a shell)."""
-    return {
-        "job": {
-            "model": wildcards.model,
-            "backend": wildcards.backend,
-            "scenario": wildcards.scenario,
-            "tp": int(wildcards.tp),
-            "pp": int(wildcards.pp),
-            "dp": int(wildcards.dp),
-        },
-        "dtype": config["dtype"],
-        "seed": config["seed"],
-        "workload": config["workload"],
-        "measurement": config["measurement"],
-        # Only training jobs carry it, so its settings do not change inference jobs' config_hash.
-        **(
-            {"training": config["training"]} if wildcards.scenario == "training" else {}
-        ),
-        "batch_sizes": BATCH_SIZES,
-        "model_entry": MODELS[wildcards.model],
-        "gpus_per_node": config["parallel"]["gpus_per_node"],
-        # Only engine jobs carry it, so its settings do not change PyTorch jobs' config_hash.
-        **(
-            {"engine": config["engine"]} if wildcards.backend in ENGINE_BACKENDS else {}
-        ),
-    }
+    """Everything a job's ranks need, as data (written to JSON, never through a shell).
+
+    Built once here (energysweep.jobspec.JobSpec); Snakemake params get its JSON form, which
+    scripts/measure.py turns back into a JobSpec.
+    """
+    return JobSpec.from_config(
+        config,
+        wildcards.model,
+        wildcards.backend,
+        wildcards.scenario,
+        wildcards.tp,
+        wildcards.pp,
+        wildcards.dp,
+    ).to_dict()
 
 
 def get_all_job_records():
-    return expand("results/shards/{params}/job.json", params=PARAMS.instance_patterns)
+    return expand(
+        JobDir("results/shards/{params}").job_json, params=PARAMS.instance_patterns
+    )
 
 
 STAGE_TABLE = "results/stages.csv"
@@ -258,6 +253,7 @@ import inspect
 
 for _func in (
     world_size,
+    get_placement,
     get_node_request,
     get_threads,
     get_nodes,

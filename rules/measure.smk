@@ -6,18 +6,14 @@ rule measure:
     input:
         unpack(get_model_input),
     output:
-        shards=expand(
-            f"{JOB_DIR}/bs~{{bs}}/rep~{{rep}}.parquet",
-            bs=BATCH_SIZES,
-            rep=REPS,
-            allow_missing=True,
-        ),
+        # Paths from energysweep.jobspec.JobDir: one per batch size and repetition.
+        shards=JOB_PATHS.shards(BATCH_SIZES, REPS),
         # The job's shards again, in one file: what merge_shards reads.
-        job_table=f"{JOB_DIR}/shards.parquet",
-        job=f"{JOB_DIR}/job.json",
-        generations=f"{JOB_DIR}/generations.parquet",
-        power=f"{JOB_DIR}/power.parquet",
-        requests=f"{JOB_DIR}/requests.parquet",
+        job_table=JOB_PATHS.job_table,
+        job=JOB_PATHS.job_json,
+        generations=JOB_PATHS.generations,
+        power=JOB_PATHS.power,
+        requests=JOB_PATHS.requests,
     log:
         f"logs/measure/{PARAMS.wildcard_pattern}.log",
     conda:

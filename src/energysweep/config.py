@@ -1,4 +1,4 @@
-"""Experiment config: schema validation with defaults, semantic checks, hashing.
+"""Experiment config: schema validation with defaults, semantic checks, the sweep's hash.
 
 Everything here runs when the workflow loads, before any job is submitted, so a bad value is
 reported once, naming the key and the fix.
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from energysweep.grid import Grid, ModelDims, expand_grid, node_request
+from energysweep.grid import ModelDims
+from energysweep.placement import Placement
+from energysweep.sweep import Grid, expand_grid
 
 BUILTIN_TINY = "builtin:tiny"
 # A checkpoint path may only hold these characters: it is passed on argv, never through a shell,
@@ -90,7 +92,8 @@ def model_dims(entry: dict, base_dir: Path) -> ModelDims | None:
     if cfg_file.is_file():
         return ModelDims.from_hf_config(json.loads(cfg_file.read_text()))
     if "dims" in entry:
-        return ModelDims(**entry["dims"])
+        # num_parameters (schema: for FLOP estimates) is read by the ranks, not by a layout.
+        return ModelDims(**{k: v for k, v in entry["dims"].items() if k != "num_parameters"})
     return None
 
 
@@ -217,7 +220,7 @@ def check_node_fit(config: dict, grid: Grid) -> None:
     cpus, mem = par.get("cpus_per_node"), par.get("mem_mb_per_node")
     problems = []
     for job in grid.jobs:
-        req = node_request(job.backend, job.layout, par["gpus_per_node"])
+        req = Placement(job.layout, job.backend, par["gpus_per_node"]).node_request
         where = (f"layout {job.layout} ({job.backend}, {job.scenario}) puts {req.ranks_per_node} "
                  f"ranks on each of its {req.nodes} node(s) (parallel.gpus_per_node="
                  f"{par['gpus_per_node']})")
@@ -237,8 +240,12 @@ def check_node_fit(config: dict, grid: Grid) -> None:
         raise ConfigError("invalid config (no job was submitted):\n  " + "\n  ".join(problems))
 
 
-def config_hash(config: dict) -> str:
-    """Stable short hash of the (validated, defaults-filled) config."""
+def sweep_hash(config: dict) -> str:
+    """Stable short hash of the whole (validated, defaults-filled) config: the sweep's identity.
+
+    Stored as ``config_hash`` in results/config.yaml. Not to be confused with one job's
+    :func:`energysweep.jobspec.settings_hash` (the ``config_hash`` column of shards and job.json).
+    """
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -3,7 +3,7 @@
 The audit makes the "degree 2, one effective worker" bug impossible: every rank reports who it is,
 and rank 0 refuses to measure unless the processes it sees are exactly the layout's world.
 
-What that world is depends on the backend's launch mode (energysweep.grid.LAUNCH_MODES): under
+What that world is depends on the backend's launch mode (energysweep.placement.Placement): under
 torchrun one process per rank (tp*pp*dp); under direct/mpi one process per DP replica, whose GPU
 workers the engine spawns itself. ``backend`` defaults to ``pytorch`` (torchrun).
 """
@@ -15,14 +15,9 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from energysweep.grid import (
-    BACKENDS,
-    ParallelLayout,
-    RankCoords,
-    expected_processes,
-    launch_mode,
-    process_coords,
-)
+from energysweep.backends.registry import BACKENDS
+from energysweep.grid import ParallelLayout, RankCoords
+from energysweep.placement import Placement
 
 
 class LayoutMismatch(RuntimeError):
@@ -64,10 +59,6 @@ class RankContext:
     max_input_tokens: int = 64
     mesh: object = None  # torch DeviceMesh with dims ("dp", "pp", "tp") when distributed
     extra: dict = field(default_factory=dict)
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
 
     def audit(self) -> dict:
         return {
@@ -128,8 +119,9 @@ def init(
             expects (e.g. one process where two were asked).
     """
     rank, local_rank, world = env_world()
-    mode = launch_mode(backend, layout, gpus_per_node)
-    expected, _ = expected_processes(backend, layout, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node)
+    mode = placement.launch_mode
+    expected, _ = placement.processes
     if world != expected:
         raise LayoutMismatch(
             f"layout {layout} ({backend}, launch {mode}) expects world size {expected} but the "
@@ -138,7 +130,7 @@ def init(
         )
     # vLLM's external_launcher reuses this group; left to create its own it fails under torchrun
     # with dp > 1 (gloo `rank < size`), so its ranks always get one, even a world of 1.
-    if world > 1 or BACKENDS[backend].get("torchrun_always"):
+    if world > 1 or BACKENDS[backend].torchrun_always:
         import torch.distributed as dist
 
         # Under direct/mpi the GPUs belong to the engine's workers: our processes only
@@ -200,19 +192,19 @@ def make_context(
     **kw,
 ) -> RankContext:
     rank, local_rank, world = env_world()
-    mode = launch_mode(backend, layout, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node)
     ctx = RankContext(
         layout=layout,
         rank=rank,
         local_rank=local_rank,
         world_size=world,
-        coords=process_coords(mode, layout, rank),
+        coords=placement.coords(rank),
         device=device,
         host=socket.gethostname(),
         pid=os.getpid(),
         **kw,
     )
-    if world > 1 and mode == "torchrun":
+    if world > 1 and placement.launch_mode == "torchrun":
         from torch.distributed.device_mesh import init_device_mesh
 
         ctx.mesh = init_device_mesh(
@@ -254,8 +246,9 @@ def check_world(
     """
     procs = {(a["host"], a["pid"]) for a in audits}
     ranks = sorted(a["rank"] for a in audits)
-    mode = launch_mode(backend, layout, gpus_per_node)
-    expected, gpu_workers = expected_processes(backend, layout, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node)
+    mode = placement.launch_mode
+    expected, gpu_workers = placement.processes
     if len(procs) != expected or ranks != list(range(expected)):
         raise LayoutMismatch(
             f"layout {layout} ({backend}, launch {mode}) expects {expected} distinct processes "
@@ -263,7 +256,7 @@ def check_world(
             f"processes with ranks {ranks}"
         )
     for a in audits:
-        c = process_coords(mode, layout, a["rank"])
+        c = placement.coords(a["rank"])
         if (a["dp_rank"], a["pp_rank"], a["tp_rank"]) != (c.dp_rank, c.pp_rank, c.tp_rank):
             raise LayoutMismatch(f"rank {a['rank']} reports coords that disagree with {layout}")
 

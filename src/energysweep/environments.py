@@ -5,9 +5,10 @@ Slurm executor plugin needs numpy >= 2.4.5, so vLLM cannot live in Snakemake's v
 job therefore starts its ranks (torchrun, or the engine's entry point) with the interpreter of its
 backend's environment, decided here and nowhere else:
 
-- :data:`DEFAULT_PYTHON` (data) names each backend's default interpreter: ``None`` is the Python
-  the measure job itself runs in (Snakemake's, or the rule's conda env); a relative path is
-  relative to the workflow directory (``.venv-vllm/bin/python``, built by ``make vllm-env``);
+- the backend registry's ``default_python`` (energysweep.backends.registry, data) names each
+  backend's default interpreter: ``None`` is the Python the measure job itself runs in
+  (Snakemake's, or the rule's conda env); a relative path is relative to the workflow directory
+  (``.venv-vllm/bin/python``, built by ``make vllm-env``);
 - the config key ``environments.<backend>`` overrides it (a user's own vLLM install);
 - under ``--software-deployment-method conda`` the rule's conda env (``envs/<backend>.yaml``) is
   the environment, so the measure job's own Python is used and nothing is checked here.
@@ -26,15 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from energysweep.grid import BACKENDS
-
-# backend -> interpreter its ranks use when config `environments.<backend>` is null. None: the
-# measure job's own Python (Snakemake's, or the rule's conda env). Relative: to the workflow dir.
-DEFAULT_PYTHON: dict[str, str | None] = {
-    "pytorch": None,
-    "vllm": ".venv-vllm/bin/python",
-    "tensorrt-llm": None,
-}
+from energysweep.backends.registry import BACKENDS
 
 PROBE_TIMEOUT_S = 300  # importing vLLM (torch, transformers, triton) takes 5-30 s on 2 busy cores
 # Probe results that succeeded, per workflow run directory (see _cache_key).
@@ -48,7 +41,8 @@ def interpreter(
     """Absolute path of the interpreter ``backend``'s ranks use; None: the measure job's own.
 
     Args:
-        backend: a key of :data:`DEFAULT_PYTHON`.
+        backend: a key of the backend registry (its ``default_python`` applies when
+            ``environments`` does not set it).
         environments: the config section ``environments`` (may be None or miss the backend).
         workflow_dir: what a relative path is relative to (the Snakefile's directory).
         use_conda: the rule runs in its conda env, which is then the backend's environment.
@@ -56,7 +50,7 @@ def interpreter(
     if use_conda:
         return None
     configured = (environments or {}).get(backend)
-    path = configured if configured is not None else DEFAULT_PYTHON[backend]
+    path = configured if configured is not None else BACKENDS[backend].default_python
     if path is None:
         return None
     p = Path(path).expanduser()
@@ -164,7 +158,7 @@ def check(
         return errors, warnings
     envs = config.get("environments") or {}
     for b in config["backends"]:
-        module, hint = BACKENDS[b]["module"], BACKENDS[b]["install_hint"]
+        module, hint = BACKENDS[b].module, BACKENDS[b].install_hint
         python = interpreter(b, envs, workflow_dir)
         if python is None:
             if importlib.util.find_spec(module) is None:
@@ -174,7 +168,7 @@ def check(
                 )
             continue
         key = f"environments.{b}"
-        where = "set" if envs.get(b) is not None else f"default {DEFAULT_PYTHON[b]!r}"
+        where = "set" if envs.get(b) is not None else f"default {BACKENDS[b].default_python!r}"
         if not Path(python).is_file():
             (warnings if dry_run else errors).append(
                 f"config key {key}: backend {b!r} runs its ranks with {python} ({where}), "

@@ -1,6 +1,6 @@
 """Layout -> processes: the argv and environment a measure job starts, and running it.
 
-Launch modes (the backend table in energysweep.grid says which a backend uses):
+Launch modes (energysweep.placement.Placement says which a job uses):
 - ``torchrun`` one node:   ``torchrun --standalone --nproc-per-node N -m energysweep.run``
   (standalone picks a free port, so concurrent jobs on one node never collide);
 - ``torchrun`` many nodes: ``srun --nodes K --ntasks-per-node 1 torchrun --nnodes K
@@ -14,7 +14,7 @@ Launch modes (the backend table in energysweep.grid says which a backend uses):
   --ntasks-per-node TP*PP/K trtllm-llmapi-launch python -m energysweep.run``; MPI ranks == tp*pp.
 vLLM runs under ``torchrun`` like PyTorch, even with one rank: every rank is one vLLM engine with
 ``distributed_executor_backend="external_launcher"``, which reads RANK/LOCAL_RANK/MASTER_* from
-torchrun. Which mode a backend uses is data (energysweep.grid.BACKENDS / launch_mode).
+torchrun. Which mode a backend uses is data (energysweep.backends.registry).
 
 Ports: concurrent jobs on one node must never share one. torchrun --standalone picks a free port;
 a multi-node rendezvous and vLLM's ``VLLM_PORT`` are derived from the Slurm job id (distinct jobs
@@ -33,41 +33,16 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 from pathlib import Path
 
 from energysweep import procs
-from energysweep.config import config_hash
+from energysweep.backends.registry import BACKENDS
 from energysweep.envinfo import code_version
-from energysweep.grid import BACKENDS, ParallelLayout, launch_mode
+from energysweep.grid import ParallelLayout
+from energysweep.jobspec import launched, output_paths, restage
+from energysweep.placement import Placement
+from energysweep.ports import free_port, rendezvous_port, vllm_port
 from energysweep.slurm import expand_hostnames, job_nodes
-
-PORT_BASE = 15000
-PORT_SPAN = 15000  # [15000, 30000): below the Linux ephemeral range (32768+)
-# vLLM's own sockets start at VLLM_PORT and step upwards past busy ports, so each job gets a
-# block of this many ports in [5000, 15000), apart from the rendezvous range above.
-VLLM_PORT_BASE = 5000
-VLLM_PORT_BLOCK = 10
-VLLM_PORT_SLOTS = 1000
-
-
-def rendezvous_port(job_id: str | int) -> int:
-    """A port for this job's rendezvous, derived from the (Slurm) job id."""
-    return PORT_BASE + int(job_id) % PORT_SPAN
-
-
-def vllm_port(job_id: str | int) -> int:
-    """``VLLM_PORT`` of a Slurm job: its own block of ports, derived from the job id."""
-    return VLLM_PORT_BASE + (int(job_id) % VLLM_PORT_SLOTS) * VLLM_PORT_BLOCK
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (outside Slurm, where there is no job id)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def backend_env(
@@ -133,7 +108,8 @@ def build_argv(
 ) -> list[str]:
     """The command that starts every process of one job."""
     entry = ["-m", "energysweep.run", "--spec", str(spec_path)]
-    mode = launch_mode(backend, layout, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node)
+    mode = placement.launch_mode
     if mode == "direct":
         if layout.dp == 1:
             # One replica: one process; the engine spawns its tp*pp GPU workers itself.
@@ -144,9 +120,9 @@ def build_argv(
             "-m", "energysweep.launch", "--replica-gpus", str(layout.ranks_per_replica),
             "--spec", str(spec_path),
         ]
+    nodes = placement.nodes
     if mode == "mpi":
-        nodes = layout.nodes(gpus_per_node)
-        if layout.dp != 1 or layout.ranks_per_replica % nodes:
+        if placement.unsupported():
             raise ValueError(f"{backend} cannot run {layout} on nodes of {gpus_per_node} GPUs")
         # The launcher script of the same environment as the interpreter: rank 0 runs our
         # entry point, the other MPI ranks serve as the engine's workers.
@@ -156,16 +132,15 @@ def build_argv(
             "--ntasks-per-node", str(layout.ranks_per_replica // nodes), "--kill-on-bad-exit=1",
             launcher, python, *entry,
         ]
-    if layout.world_size == 1 and not BACKENDS[backend].get("torchrun_always"):
+    if layout.world_size == 1 and not BACKENDS[backend].torchrun_always:
         # One process: no launcher; run.py sees WORLD_SIZE unset, i.e. 1.
         return [python, *entry]
-    nodes = layout.nodes(gpus_per_node)
     if nodes == 1:
         return [
             python, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(layout.world_size), *entry,
         ]
-    if layout.world_size % nodes:
+    if placement.unsupported():
         raise ValueError(f"{layout} ({layout.world_size} ranks) does not fill {nodes} nodes evenly")
     if not slurm_job_id or not head_node:
         raise ValueError("a multi-node layout needs a Slurm job id and head node")
@@ -213,23 +188,6 @@ def build_env(
 def head_node(nodelist: str) -> str:
     """First host of a Slurm nodelist (``scontrol show hostnames``)."""
     return expand_hostnames(nodelist)[0]
-
-
-def _paths(outputs) -> list[str]:
-    if isinstance(outputs, dict):
-        return [p for v in outputs.values() for p in _paths(v)]
-    if isinstance(outputs, (list, tuple)):
-        return [p for v in outputs for p in _paths(v)]
-    return [outputs]
-
-
-def _restage(outputs, staging: Path, base: Path):
-    """The same structure with every path moved under ``staging`` (relative to ``base``)."""
-    if isinstance(outputs, dict):
-        return {k: _restage(v, staging, base) for k, v in outputs.items()}
-    if isinstance(outputs, (list, tuple)):
-        return [_restage(v, staging, base) for v in outputs]
-    return str(staging / Path(outputs).resolve().relative_to(base))
 
 
 DEFAULT_LIMITS = {
@@ -303,7 +261,7 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
     Args:
         limits: ``job_timeout_s``, ``collective_timeout_s`` and ``kill_grace_s`` (config
             ``limits:``); missing keys take :data:`DEFAULT_LIMITS`. They are passed to the ranks
-            in the spec but are not part of the config hash: a limit changes no measurement.
+            in the spec but are not part of its settings hash: a limit changes no measurement.
         timeout_s: overrides ``limits["job_timeout_s"]``.
 
     Raises:
@@ -314,59 +272,31 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
     if timeout_s is not None:
         limits["job_timeout_s"] = timeout_s
     layout = ParallelLayout(spec["job"]["tp"], spec["job"]["pp"], spec["job"]["dp"])
-    # The hash covers what determines this job's numbers (not where its outputs go), so rows of
-    # jobs that ran the same settings share it; the code version is read where the job runs.
-    settings = {k: v for k, v in spec.items() if k not in ("outputs", "job_id", "limits")}
-    spec = {
-        **spec,
-        "job_id": spec.get("job_id") or uuid.uuid4().hex,
-        "config_hash": config_hash(settings),
-        "code_version": code_version(),
-        "limits": limits,
-    }
+    placement = Placement(layout, spec["job"]["backend"], gpus_per_node)
+    # The code version is read where the job runs (energysweep.jobspec.launched).
+    spec = launched(spec, limits, code_version())
     final = spec["outputs"]
     base = Path(spec_path).resolve().parent
     staging = base / f".staging-{spec['job_id']}"
-    spec["outputs"] = _restage(final, staging, base)
+    spec["outputs"] = restage(final, staging, base)
     slurm_id = os.environ.get("SLURM_JOB_ID")
-    head = None
-    if layout.nodes(gpus_per_node) > 1:
-        # From the job id: the jobstep plugin strips SLURM_JOB_NODELIST from mpi rules.
-        nodes = job_nodes()
-        print(f"nodes: {' '.join(nodes)}", file=log, flush=True)
-        if len(nodes) < layout.nodes(gpus_per_node):
-            raise RuntimeError(f"{layout} needs {layout.nodes(gpus_per_node)} nodes; Slurm job "
-                               f"{slurm_id} has {len(nodes)}: {nodes}")
-        head = nodes[0]
+    head = _head_node(placement, slurm_id, log) if placement.multi_node else None
     argv = build_argv(layout, spec["job"]["backend"], str(spec_path), gpus_per_node,
                       python=python, slurm_job_id=slurm_id, head_node=head)
     spec["launch_argv"] = argv
     base.mkdir(parents=True, exist_ok=True)
     Path(spec_path).write_text(json.dumps(spec, indent=2))
-    ranks_here = layout.world_size // layout.nodes(gpus_per_node)
+    ranks_here = layout.world_size // placement.nodes
     env = build_env(layout, threads=cpus // max(1, ranks_here), backend=spec["job"]["backend"],
                     slurm_job_id=slurm_id, engine=spec.get("engine"))
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
-    timeout = float(limits["job_timeout_s"])
-    grace = float(limits["kill_grace_s"])
     proc = None
     try:
         with _stop_signals_raise() as disarm:
             try:
                 proc = procs.start(argv, env, log, spec["job_id"])
-                try:
-                    rc = proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    raise JobFailed(
-                        f"{what} ran longer than limits.job_timeout_s={timeout:g} s: stopped all "
-                        "its processes; nothing of it was published"
-                    ) from None
-                if rc != 0:
-                    raise JobFailed(
-                        f"{what} failed: {argv[0]} exited {rc} (the ranks' errors are above); "
-                        "nothing of it was published"
-                    )
+                _wait(proc, float(limits["job_timeout_s"]), what, argv[0])
             except JobInterrupted as exc:
                 raise JobInterrupted(
                     f"{what} interrupted ({exc}): stopped all its processes; nothing of it was "
@@ -375,15 +305,42 @@ def run_job(spec: dict, spec_path: str | Path, log, cpus: int, gpus_per_node: in
             finally:
                 disarm()
                 # Also after a clean exit: a rank's helper or engine worker may linger.
-                procs.stop(proc, spec["job_id"], grace, log)
+                procs.stop(proc, spec["job_id"], float(limits["kill_grace_s"]), log)
         _publish(spec["outputs"], final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _head_node(placement: Placement, slurm_id: str | None, log) -> str:
+    """The first node of a multi-node job's Slurm allocation (its rendezvous host)."""
+    # From the job id: the jobstep plugin strips SLURM_JOB_NODELIST from mpi rules.
+    nodes = job_nodes()
+    print(f"nodes: {' '.join(nodes)}", file=log, flush=True)
+    if len(nodes) < placement.nodes:
+        raise RuntimeError(f"{placement.layout} needs {placement.nodes} nodes; Slurm job "
+                           f"{slurm_id} has {len(nodes)}: {nodes}")
+    return nodes[0]
+
+
+def _wait(proc, timeout: float, what: str, program: str) -> None:
+    """Wait for the job's processes; JobFailed if they run past ``timeout`` or exit non-zero."""
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise JobFailed(
+            f"{what} ran longer than limits.job_timeout_s={timeout:g} s: stopped all "
+            "its processes; nothing of it was published"
+        ) from None
+    if rc != 0:
+        raise JobFailed(
+            f"{what} failed: {program} exited {rc} (the ranks' errors are above); "
+            "nothing of it was published"
+        )
+
+
 def _publish(staged_outputs, final_outputs, what: str) -> None:
     """Move the staged outputs to their final names, job.json last (it marks a complete job)."""
-    staged, targets = _paths(staged_outputs), _paths(final_outputs)
+    staged, targets = output_paths(staged_outputs), output_paths(final_outputs)
     missing = [s for s in staged if not Path(s).exists()]
     if missing:
         raise JobFailed(f"{what} exited 0 but did not write {missing}")

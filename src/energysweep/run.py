@@ -35,7 +35,8 @@ from energysweep.energy import (
     make_source,
     wall_ns,
 )
-from energysweep.grid import ParallelLayout, expected_processes, launch_mode
+from energysweep.grid import ParallelLayout
+from energysweep.placement import Placement
 
 PHASE_GENERATE = "generate"
 PHASE_PREFILL = "prefill"
@@ -85,7 +86,7 @@ def _base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int,
     job = spec["job"]
     not_measured = "not measured by this scenario"
     gpn = spec.get("gpus_per_node")
-    launchers, gpu_workers = expected_processes(job["backend"], ctx.layout, gpn)
+    launchers, gpu_workers = Placement(ctx.layout, job["backend"], gpn).processes
     return {
         "schema_version": shards.SCHEMA_VERSION,
         "job_id": spec["job_id"],
@@ -98,7 +99,7 @@ def _base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int,
         "pp": ctx.layout.pp,
         "dp": ctx.layout.dp,
         "world_size": ctx.layout.world_size,
-        "launch_mode": launch_mode(job["backend"], ctx.layout, gpn),
+        "launch_mode": Placement(ctx.layout, job["backend"], gpn).launch_mode,
         "launcher_processes": launchers,
         "gpu_workers": gpu_workers,
         "batch_size": bs,
@@ -199,12 +200,12 @@ class JobMonitor:
         self.m = spec["measurement"]
         self.clock = clock
         self.sleep = sleep
-        if backend is not None and hasattr(backend, "gpu_uuids"):
-            self.gpu_uuids = backend.gpu_uuids()
-        else:
+        # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
+        self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
+        if self.gpu_uuids is None:
             self.gpu_uuids = _gpu_uuids(ctx.device)
         self.energy = make_source(self.m["energy_source"], ctx.device, self.gpu_uuids)
-        if backend is not None and hasattr(backend, "wrap_energy_source"):
+        if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
         self.host = make_host_source(self.m.get("host_energy_source", "auto"), ctx.local_rank)
         self.sampler_hz = float(self.m.get("sampler_hz", 0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_the_table_decides_the_interpreter(tmp_path):
     )
     # Under conda the rule's env is the backend's environment.
     assert environments.interpreter("vllm", {"vllm": "/opt/v/bin/python"}, tmp_path, True) is None
-    assert set(environments.DEFAULT_PYTHON) == {"pytorch", "vllm", "tensorrt-llm"}
+    assert set(environments.BACKENDS) == {"pytorch", "vllm", "tensorrt-llm"}
 
 
 def test_ranks_start_with_the_environments_interpreter():
@@ -84,7 +85,9 @@ def test_broken_environment_reports_the_import_error(tmp_path, monkeypatch):
     py = fake_env(
         tmp_path, "broken", "raise ImportError('operator torchvision::nms does not exist')"
     )
-    monkeypatch.setitem(environments.BACKENDS["vllm"], "module", "fakeengine")
+    monkeypatch.setitem(
+        environments.BACKENDS, "vllm", replace(environments.BACKENDS["vllm"], module="fakeengine")
+    )
     errors, _ = environments.check(cfg(["vllm"], {"vllm": py}), tmp_path, cache_file=None)
     assert len(errors) == 1
     assert "environments.vllm" in errors[0] and "environment is broken" in errors[0]
@@ -99,7 +102,9 @@ def test_probe_is_bounded_by_a_timeout(tmp_path):
 
 def test_working_environment_passes_and_is_probed_once(tmp_path, monkeypatch):
     py = fake_env(tmp_path, "good", "__version__ = '0.32.0'")
-    monkeypatch.setitem(environments.BACKENDS["vllm"], "module", "fakeengine")
+    monkeypatch.setitem(
+        environments.BACKENDS, "vllm", replace(environments.BACKENDS["vllm"], module="fakeengine")
+    )
     cache = tmp_path / "cache.json"
     calls = []
     real_run = subprocess.run
@@ -127,7 +132,9 @@ def test_working_environment_passes_and_is_probed_once(tmp_path, monkeypatch):
 
 def test_failures_are_not_cached(tmp_path, monkeypatch):
     py = fake_env(tmp_path, "env", None)
-    monkeypatch.setitem(environments.BACKENDS["vllm"], "module", "fakeengine")
+    monkeypatch.setitem(
+        environments.BACKENDS, "vllm", replace(environments.BACKENDS["vllm"], module="fakeengine")
+    )
     cache = tmp_path / "cache.json"
     c = cfg(["vllm"], {"vllm": py})
     assert environments.check(c, tmp_path, cache_file=cache)[0]  # no module: broken

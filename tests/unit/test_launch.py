@@ -3,7 +3,8 @@ import sys
 import pytest
 
 from energysweep.grid import ParallelLayout
-from energysweep.launch import build_argv, build_env, rendezvous_port
+from energysweep.launch import build_argv, build_env
+from energysweep.ports import rendezvous_port
 
 
 def test_single_rank_runs_directly():

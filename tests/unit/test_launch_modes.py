@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from energysweep import dist, launch
-from energysweep.grid import (
-    BACKENDS,
-    LAUNCH_MODES,
-    ParallelLayout,
-    expand_grid,
-    expected_processes,
-    launch_mode,
-    process_coords,
-    split_contiguous,
-)
+from energysweep import dist, ports
+from energysweep.backends.registry import BACKENDS, LAUNCH_MODES
+from energysweep.grid import ParallelLayout, split_contiguous
+from energysweep.placement import Placement
+from energysweep.sweep import expand_grid
 
 
 def test_every_backend_names_known_launch_modes():
     for name, caps in BACKENDS.items():
-        assert caps["launch"] in LAUNCH_MODES, name
-        assert caps["launch_multi_node"] in LAUNCH_MODES, name
+        assert caps.launch in LAUNCH_MODES, name
+        assert caps.launch_multi_node in LAUNCH_MODES, name
 
 
 @pytest.mark.parametrize(
@@ -36,12 +30,13 @@ def test_every_backend_names_known_launch_modes():
     ],
 )
 def test_modes_and_expected_processes(backend, layout, gpus_per_node, mode, procs):
-    assert launch_mode(backend, layout, gpus_per_node) == mode
-    assert expected_processes(backend, layout, gpus_per_node) == procs
+    assert Placement(layout, backend, gpus_per_node).launch_mode == mode
+    assert Placement(layout, backend, gpus_per_node).processes == procs
     launchers, workers = procs
     # One GPU worker per GPU in every mode.
     assert workers == layout.world_size
-    assert len({process_coords(mode, layout, r) for r in range(launchers)}) == launchers
+    placement = Placement(layout, backend, gpus_per_node)
+    assert len({placement.coords(r) for r in range(launchers)}) == launchers
 
 
 def test_grid_skips_what_a_backend_cannot_launch():
@@ -118,9 +113,9 @@ def test_dp_split_is_contiguous_and_order_preserving():
 
 def test_ports_per_job_never_collide_between_kinds():
     job = 987654
-    assert launch.rendezvous_port(job) != launch.vllm_port(job)
-    assert launch.vllm_port(job) < launch.PORT_BASE <= launch.rendezvous_port(job)
-    assert launch.vllm_port(job) != launch.vllm_port(job + 1)
+    assert ports.rendezvous_port(job) != ports.vllm_port(job)
+    assert ports.vllm_port(job) < ports.PORT_BASE <= ports.rendezvous_port(job)
+    assert ports.vllm_port(job) != ports.vllm_port(job + 1)
 
 
 def test_mixed_backends_make_one_summary_table():

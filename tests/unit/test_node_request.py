@@ -1,16 +1,18 @@
-"""Resources per node, not per job (energysweep.grid.node_request), and the refusal of layouts
-whose per-node request cannot fit (energysweep.config.check_node_fit)."""
+"""Resources per node, not per job (energysweep.placement.Placement.node_request), and the
+refusal of layouts whose per-node request cannot fit (energysweep.config.check_node_fit)."""
 
 from __future__ import annotations
 
 import pytest
 
 from energysweep.config import ConfigError, check_node_fit
-from energysweep.grid import MEM_MB_PER_RANK, Grid, GridJob, ParallelLayout, node_request
+from energysweep.grid import ParallelLayout
+from energysweep.placement import MEM_MB_PER_RANK, Placement
+from energysweep.sweep import Grid, GridJob
 
 
 def test_single_node_job_asks_one_task_for_all_its_ranks():
-    req = node_request("pytorch", ParallelLayout(2, 1, 2), gpus_per_node=8)
+    req = Placement(ParallelLayout(2, 1, 2), "pytorch", gpus_per_node=8).node_request
     assert (req.nodes, req.ranks_per_node, req.tasks_per_node) == (1, 4, 1)
     assert req.cpus_per_task == req.cpus_per_node == 4
     assert req.mem_mb_per_node == 4 * MEM_MB_PER_RANK
@@ -18,14 +20,14 @@ def test_single_node_job_asks_one_task_for_all_its_ranks():
 
 def test_multi_node_torchrun_asks_each_node_for_its_own_ranks():
     # The bug this replaces: threads = world size (16) became --cpus-per-task on every node.
-    req = node_request("pytorch", ParallelLayout(4, 2, 2), gpus_per_node=8)
+    req = Placement(ParallelLayout(4, 2, 2), "pytorch", gpus_per_node=8).node_request
     assert (req.nodes, req.ranks_per_node, req.tasks_per_node) == (2, 8, 1)
     assert req.cpus_per_task == 8 and req.gpus_per_node == 8
     assert req.mem_mb_per_node == 8 * MEM_MB_PER_RANK
 
 
 def test_mpi_mode_asks_one_cpu_per_mpi_rank():
-    req = node_request("tensorrt-llm", ParallelLayout(8, 2, 1), gpus_per_node=8)
+    req = Placement(ParallelLayout(8, 2, 1), "tensorrt-llm", gpus_per_node=8).node_request
     assert (req.nodes, req.tasks_per_node, req.cpus_per_node, req.cpus_per_task) == (2, 8, 8, 1)
 
 
@@ -57,3 +59,21 @@ def test_memory_limit_is_checked_and_unset_limits_are_not():
     with pytest.raises(ConfigError, match=r"parallel.mem_mb_per_node.*tp2-pp1-dp2"):
         check_node_fit(_config(mem_mb_per_node=3 * MEM_MB_PER_RANK), _grid((2, 1, 2)))
     check_node_fit(_config(), _grid((16, 4, 4)))
+
+
+@pytest.mark.parametrize("backend,layout,gpn,nodes,tasks", [
+    ("pytorch", ParallelLayout(2, 1, 2), 8, 1, None),
+    ("pytorch", ParallelLayout(4, 2, 2), 8, 2, 2),
+    ("tensorrt-llm", ParallelLayout(8, 2, 1), 8, 2, 16),
+    ("vllm", ParallelLayout(2), None, 1, None),
+])  # fmt: skip
+def test_placement_nodes_and_slurm_tasks(backend, layout, gpn, nodes, tasks):
+    placement = Placement(layout, backend, gpn)
+    assert placement.nodes == nodes and placement.multi_node == (nodes > 1)
+    assert placement.slurm_tasks == tasks
+    assert placement.ranks_per_node * nodes == layout.world_size
+
+
+def test_placement_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="unknown backend 'jax'"):
+        Placement(ParallelLayout(), "jax")

@@ -17,13 +17,8 @@ from energysweep import dist, launch
 from energysweep.backends import request_log, trtllm_backend
 from energysweep.backends.engine_common import job_options
 from energysweep.energy import STATUS_MEASURED, GpuReading
-from energysweep.grid import (
-    ParallelLayout,
-    expected_processes,
-    launch_mode,
-    launch_unsupported,
-    process_coords,
-)
+from energysweep.grid import ParallelLayout
+from energysweep.placement import Placement
 
 SPEC = {
     "job_id": "job-2",
@@ -68,9 +63,9 @@ def test_tp8_one_node_direct():
     }
     # One plain process; the LLM API spawns the 8 MPI workers itself.
     assert argv_for(layout) == [PY, *ENTRY]
-    assert launch_mode("tensorrt-llm", layout, 16) == "direct"
-    assert expected_processes("tensorrt-llm", layout, 16) == (1, 8)
-    assert process_coords("direct", layout, 0) == layout.coords(0)  # writer, dp 0
+    assert Placement(layout, "tensorrt-llm", 16).launch_mode == "direct"
+    assert Placement(layout, "tensorrt-llm", 16).processes == (1, 8)
+    assert Placement(layout, "tensorrt-llm", 16).coords(0) == layout.coords(0)  # writer, dp 0
     env = launch.build_env(layout, base={}, backend="tensorrt-llm", slurm_job_id="9")
     assert not any(k.startswith("VLLM_") for k in env)
 
@@ -94,14 +89,14 @@ def test_tp4_pp2_over_two_nodes_is_srun_mpi_with_tp_times_pp_ranks():
     ]
     nodes = int(argv[argv.index("--nodes") + 1])
     assert nodes * int(argv[argv.index("--ntasks-per-node") + 1]) == layout.tp * layout.pp
-    assert launch_mode("tensorrt-llm", layout, 4) == "mpi"
+    assert Placement(layout, "tensorrt-llm", 4).launch_mode == "mpi"
     # Our code runs in MPI rank 0 only: one launcher, 8 GPU workers.
-    assert expected_processes("tensorrt-llm", layout, 4) == (1, 8)
+    assert Placement(layout, "tensorrt-llm", 4).processes == (1, 8)
 
 
 def test_multi_node_replicas_with_dp_are_skipped_not_run():
     layout = ParallelLayout(tp=4, pp=2, dp=2)
-    reasons = launch_unsupported("tensorrt-llm", layout, 4)
+    reasons = Placement(layout, "tensorrt-llm", 4).unsupported()
     assert reasons and "dp=2" in reasons[0]
     with pytest.raises(ValueError, match="cannot run"):
         argv_for(layout, gpus_per_node=4)
@@ -123,9 +118,9 @@ def test_dp2_one_node_is_one_process_per_replica_on_disjoint_gpus(monkeypatch):
         "--spec",
         "s.json",
     ]
-    assert expected_processes("tensorrt-llm", layout, 16) == (2, 4)
-    assert [process_coords("direct", layout, r).dp_rank for r in range(2)] == [0, 1]
-    assert all(process_coords("direct", layout, r).is_writer for r in range(2))
+    assert Placement(layout, "tensorrt-llm", 16).processes == (2, 4)
+    assert [Placement(layout, "tensorrt-llm", 16).coords(r).dp_rank for r in range(2)] == [0, 1]
+    assert all(Placement(layout, "tensorrt-llm", 16).coords(r).is_writer for r in range(2))
     assert launch.replica_visible_devices("4,5,6,7", 0, 2, 2) == "4,5"
     assert launch.replica_visible_devices("4,5,6,7", 1, 2, 2) == "6,7"
     assert launch.replica_visible_devices(None, 1, 2, 2) == "2,3"
@@ -216,7 +211,7 @@ def test_replica_generates_exact_tokens_and_logs_perf_metrics(fake_trt, model_di
         rank=0,
         local_rank=0,
         world_size=1,
-        coords=process_coords("direct", layout, 0),
+        coords=Placement(layout, "tensorrt-llm").coords(0),
         device="cuda:0",
         host="h",
         pid=os.getpid(),

@@ -18,10 +18,11 @@ import fake_engines
 import pytest
 import torch
 
-from energysweep import dist, launch
+from energysweep import dist, launch, ports
 from energysweep.backends import request_log, vllm_backend
 from energysweep.backends.engine_common import job_options
-from energysweep.grid import ParallelLayout, expected_processes, launch_mode
+from energysweep.grid import ParallelLayout
+from energysweep.placement import Placement
 
 from conftest import vllm_python
 
@@ -79,9 +80,9 @@ def test_tp4():
     layout = ParallelLayout(tp=4)
     assert kwargs_for(tp=4) == common_kwargs(4, 1)
     assert argv_for(tp=4) == [*TORCHRUN, "4", *ENTRY]
-    assert launch_mode("vllm", layout, 16) == "torchrun"
+    assert Placement(layout, "vllm", 16).launch_mode == "torchrun"
     # 4 launcher processes, each one vLLM engine and its own GPU worker (no extra processes).
-    assert expected_processes("vllm", layout, 16) == (4, 4)
+    assert Placement(layout, "vllm", 16).processes == (4, 4)
     assert layout.writer_ranks() == [0]
 
 
@@ -89,7 +90,7 @@ def test_tp2_pp2():
     layout = ParallelLayout(tp=2, pp=2)
     assert kwargs_for(tp=2, pp=2) == common_kwargs(2, 2)
     assert argv_for(tp=2, pp=2) == [*TORCHRUN, "4", *ENTRY]
-    assert expected_processes("vllm", layout, 16) == (4, 4)
+    assert Placement(layout, "vllm", 16).processes == (4, 4)
     assert [layout.coords(r).pp_rank for r in range(4)] == [0, 0, 1, 1]
     assert layout.writer_ranks() == [0]
 
@@ -99,7 +100,7 @@ def test_dp2_with_two_gpus_per_replica():
     # No data_parallel_size: the 4-rank world holds 2 independent replicas (vLLM's external DP).
     assert kwargs_for(tp=2, dp=2) == common_kwargs(2, 1)
     assert argv_for(tp=2, dp=2) == [*TORCHRUN, "4", *ENTRY]
-    assert expected_processes("vllm", layout, 16) == (4, 4)
+    assert Placement(layout, "vllm", 16).processes == (4, 4)
     ours = [layout.coords(r).dp_rank for r in range(4)]
     assert ours == [0, 0, 1, 1] == external_dp_rank(4, tp=2, pp=1)
     assert layout.writer_ranks() == [0, 2]
@@ -152,18 +153,18 @@ def test_engine_options_from_spec_override_defaults():
 # --------------------------------------------------------------------------------- env, ports
 def test_env_port_from_slurm_job_id():
     env = launch.build_env(ParallelLayout(tp=4), base={}, backend="vllm", slurm_job_id="123456")
-    assert env["VLLM_PORT"] == str(launch.vllm_port(123456))
+    assert env["VLLM_PORT"] == str(ports.vllm_port(123456))
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
 def test_concurrent_jobs_get_disjoint_port_blocks():
-    ports = [launch.vllm_port(j) for j in range(5_000_000, 5_000_200)]
-    assert len(set(ports)) == len(ports)
-    assert all(5000 <= p < 15000 for p in ports)
-    assert min(abs(a - b) for a in ports for b in ports if a != b) >= launch.VLLM_PORT_BLOCK
+    got = [ports.vllm_port(j) for j in range(5_000_000, 5_000_200)]
+    assert len(set(got)) == len(got)
+    assert all(5000 <= p < 15000 for p in got)
+    assert min(abs(a - b) for a in got for b in got if a != b) >= ports.VLLM_PORT_BLOCK
     # Disjoint from the torchrun rendezvous range, so a vLLM socket never takes it.
-    assert max(ports) + launch.VLLM_PORT_BLOCK <= launch.PORT_BASE
+    assert max(got) + ports.VLLM_PORT_BLOCK <= ports.PORT_BASE
 
 
 def test_env_port_outside_slurm_is_free():
@@ -186,14 +187,12 @@ def model_dir(tmp_path_factory):
 
 
 def make_ctx(model_dir, layout, rank, spec):
-    from energysweep.grid import process_coords
-
     return dist.RankContext(
         layout=layout,
         rank=rank,
         local_rank=rank,
         world_size=layout.world_size,
-        coords=process_coords("torchrun", layout, rank),
+        coords=Placement(layout, "vllm").coords(rank),
         device="cpu",
         host="h",
         pid=os.getpid(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from energysweep import dist, run, shards
+from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.grid import ParallelLayout
 
@@ -40,7 +41,7 @@ class Clock:
         self.advance(seconds, GPU_IDLE_W)
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """The backend interface (encode/input_tokens/generate/synchronize/is_oom/close)."""
 
     def __init__(self, clock: Clock, fail: Exception | None = None):

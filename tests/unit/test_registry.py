@@ -62,3 +62,11 @@ def test_backend_hooks_have_defaults_instead_of_hasattr_probes():
     assert (b.writes_requests, b.fatal_point_errors, b.startup) == (False, False, None)
     with pytest.raises(TypeError, match="abstract"):
         type("Half", (base.Backend,), {"encode": lambda self, p: p})()
+
+
+def test_engine_defaults_are_the_schemas():
+    from energysweep.backends.engine_common import ENGINE_DEFAULTS
+
+    schema = yaml.safe_load((ROOT / "config" / "config.schema.yaml").read_text())
+    props = schema["properties"]["engine"]["properties"]
+    assert ENGINE_DEFAULTS == {k: v["default"] for k, v in props.items()}

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from energysweep.backends import request_log
 from energysweep.backends.base import Backend
 
-# Defaults of the proposed config section ``engine:`` (see docs/backends.md); used while the
-# spec does not carry it.
+# The defaults of config section ``engine:`` (config/config.schema.yaml, the same values); used
+# where a spec carries no ``engine`` (one built without the workflow, e.g. in a test).
 ENGINE_DEFAULTS = {
     "gpu_memory_utilization": 0.9,  # vLLM on GPUs: fraction of each GPU's memory for weights + KV
     "cpu_kvcache_gib": 1,  # vLLM on CPUs: KV cache GiB per rank (VLLM_CPU_KVCACHE_SPACE)

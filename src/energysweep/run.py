@@ -55,8 +55,14 @@ def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     dist.init(layout, device, timeout_s=collective_timeout_s(spec), **where)
     ctx = dist.make_context(
-        layout, device, model_dir=spec["model_dir"], dtype=spec["dtype"], seed=spec["seed"],
-        max_input_tokens=spec["workload"]["max_input_tokens"], extra={"spec": spec}, **where,
+        layout,
+        device,
+        model_dir=spec["model_dir"],
+        dtype=spec["dtype"],
+        seed=spec["seed"],
+        max_input_tokens=spec["workload"]["max_input_tokens"],
+        extra={"spec": spec},
+        **where,
     )
     audits = dist.gather(ctx.audit())
     dist.check_world(audits, layout, **where)
@@ -143,8 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     # Fail closed (measurement.require_energy) before the model is loaded.
     from energysweep.require import check_job
 
-    check_job(spec["measurement"], ctx.device, rank_gpu_uuids(ctx.device), ctx.local_rank,
-              ctx.rank, ctx.host, gather=dist.gather)
+    check_job(
+        spec["measurement"],
+        ctx.device,
+        rank_gpu_uuids(ctx.device),
+        ctx.local_rank,
+        ctx.rank,
+        ctx.host,
+        gather=dist.gather,
+    )
 
     from energysweep.energy.sampler import write_power
     from energysweep.envinfo import job_environment
@@ -152,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     from energysweep.tables.generations import write_generations
     from energysweep.tables.job_record import write_job_record
 
-    prompts = load_prompts(None if spec["workload"]["prompts"] == "builtin"
-                           else spec["workload"]["prompts"])
+    prompts = load_prompts(
+        None if spec["workload"]["prompts"] == "builtin" else spec["workload"]["prompts"]
+    )
     backend, load_s, monitor, scenario = _scenario(spec, ctx, prompts)
     job_table_rows = _measure(spec, ctx, scenario)
     outputs = spec["outputs"]
@@ -166,18 +180,30 @@ def main(argv: list[str] | None = None) -> int:
         write_generations(generations, outputs["generations"])
         write_power([s for rank in samples for s in rank], power_path(outputs), monitor.sampler_hz)
         wall_s = time.time() - t_start
-        environment = job_environment(monitor.env_start, monitor.env_end, spec["job_id"],
-                                      spec["config_hash"], spec["code_version"], seeds)
-        write_job_record(spec, audits, environment, {
-            "rank0_wall_s": wall_s,
-            "model_load_s": load_s,
-            "idle_baseline_s": monitor.idle_window_s,
-            "idle_start_ns": monitor.idle_ns[0],
-            "idle_end_ns": monitor.idle_ns[1],
-            "window_s": window_ns[0] / 1e9,
-            "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
-            "backend_startup": startups if any(startups) else None,
-        }, job_table_rows)
+        environment = job_environment(
+            monitor.env_start,
+            monitor.env_end,
+            spec["job_id"],
+            spec["config_hash"],
+            spec["code_version"],
+            seeds,
+        )
+        write_job_record(
+            spec,
+            audits,
+            environment,
+            {
+                "rank0_wall_s": wall_s,
+                "model_load_s": load_s,
+                "idle_baseline_s": monitor.idle_window_s,
+                "idle_start_ns": monitor.idle_ns[0],
+                "idle_end_ns": monitor.idle_ns[1],
+                "window_s": window_ns[0] / 1e9,
+                "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
+                "backend_startup": startups if any(startups) else None,
+            },
+            job_table_rows,
+        )
     scenario.close()
     monitor.close()
     if backend is not None:

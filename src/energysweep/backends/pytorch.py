@@ -1,6 +1,6 @@
 """PyTorch / transformers backend: one process per rank under torchrun, any tp x pp x dp layout.
 
-Interface every backend implements (see energysweep.run):
+Interface every backend implements (see energysweep.scenarios.inference):
     encode(prompts) -> batch            left-padded, truncated to max_input_tokens
     input_tokens(batch) -> int          prompt tokens excluding padding
     generate(batch, n) -> list[list[int]] | None

@@ -38,8 +38,14 @@ class JobMonitor:
     TensorRT-LLM replica process measures every GPU its engine workers use).
     """
 
-    def __init__(self, spec: dict, ctx: dist.RankContext, clock=time.perf_counter,
-                 sleep=time.sleep, backend=None):
+    def __init__(
+        self,
+        spec: dict,
+        ctx: dist.RankContext,
+        clock=time.perf_counter,
+        sleep=time.sleep,
+        backend=None,
+    ):
         from energysweep.energy.rapl import make_host_source
         from energysweep.energy.sampler import PowerSampler
 
@@ -57,8 +63,9 @@ class JobMonitor:
             self.energy = backend.wrap_energy_source(self.energy)
         self.host = make_host_source(self.m.get("host_energy_source", "auto"), ctx.local_rank)
         self.sampler_hz = float(self.m.get("sampler_hz", 0))
-        self.sampler = PowerSampler(self.gpu_uuids, self.sampler_hz, spec["job_id"], ctx.rank,
-                                    ctx.host)
+        self.sampler = PowerSampler(
+            self.gpu_uuids, self.sampler_hz, spec["job_id"], ctx.rank, ctx.host
+        )
         self.idle_window_s: float | None = None
         self.idle_ns: list[int | None] = [None, None]
         # uuid -> (power W or None, status); None key: the status of GPU-less readings.
@@ -70,8 +77,12 @@ class JobMonitor:
     def _rank_snapshot(self, with_host: bool) -> dict:
         from energysweep import envinfo
 
-        out = {"rank": self.ctx.rank, "host": self.ctx.host, "local_rank": self.ctx.local_rank,
-               "gpus": envinfo.gpu_snapshot(self.gpu_uuids)}
+        out = {
+            "rank": self.ctx.rank,
+            "host": self.ctx.host,
+            "local_rank": self.ctx.local_rank,
+            "gpus": envinfo.gpu_snapshot(self.gpu_uuids),
+        }
         if with_host:
             out["host_info"] = envinfo.snapshot() if self.ctx.local_rank == 0 else None
         return out
@@ -122,9 +133,7 @@ class JobMonitor:
         duration = self.clock() - t0
         dist.barrier()
         self.idle_window_s = duration
-        self.idle_gpu = {
-            r.gpu_uuid: (_power_w(r.energy_mj, duration), r.status) for r in readings
-        }
+        self.idle_gpu = {r.gpu_uuid: (_power_w(r.energy_mj, duration), r.status) for r in readings}
         self.idle_gpu.setdefault(None, (None, readings[0].status if readings else "unavailable"))
         self.idle_host = (_power_w(host.energy_mj, duration), host.status)
 

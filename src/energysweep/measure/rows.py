@@ -11,8 +11,9 @@ from energysweep.grid import expected_processes, launch_mode
 from energysweep.phases import Phase
 
 
-def base_row(spec: dict, ctx: dist.RankContext, bs: int, rep: int,
-             phase: Phase = Phase.GENERATE) -> dict:
+def base_row(
+    spec: dict, ctx: dist.RankContext, bs: int, rep: int, phase: Phase = Phase.GENERATE
+) -> dict:
     """Every column of a row that does not depend on the window's readings.
 
     Job-level measurements (idle baseline, host energy, parameters) default to not-measured;
@@ -79,8 +80,9 @@ def reading_cols(r: GpuReading) -> dict:
     }
 
 
-def window_cols(status="ok", error=None, start=None, end=None, iters=None, req=None, tin=None,
-                 tout=None) -> dict:
+def window_cols(
+    status="ok", error=None, start=None, end=None, iters=None, req=None, tin=None, tout=None
+) -> dict:
     return {
         "status": status,
         "error": error,
@@ -128,8 +130,16 @@ def model_parameters(spec: dict, model_dir: str) -> tuple[int | None, str]:
     return None, STATUS_UNAVAILABLE
 
 
-def window_rows(spec: dict, ctx: dist.RankContext, bs: int, rep: int, phase: Phase, w: dict,
-                monitor, params: tuple[int | None, str]) -> list[dict]:
+def window_rows(
+    spec: dict,
+    ctx: dist.RankContext,
+    bs: int,
+    rep: int,
+    phase: Phase,
+    w: dict,
+    monitor,
+    params: tuple[int | None, str],
+) -> list[dict]:
     """This rank's rows of one measured window ``w`` (one per GPU reading).
 
     Args:
@@ -139,8 +149,9 @@ def window_rows(spec: dict, ctx: dist.RankContext, bs: int, rep: int, phase: Pha
         params: (model parameters, how they were found), :func:`model_parameters`.
     """
     base = base_row(spec, ctx, bs, rep, phase)
-    win = window_cols(start=w["start"], end=w["end"], iters=w["iterations"], tin=w["tin"],
-                      tout=w["tout"])
+    win = window_cols(
+        start=w["start"], end=w["end"], iters=w["iterations"], tin=w["tin"], tout=w["tout"]
+    )
     host = w["host"]
     host_cols = {
         "host_energy_mj": host.energy_mj,
@@ -151,24 +162,51 @@ def window_rows(spec: dict, ctx: dist.RankContext, bs: int, rep: int, phase: Pha
         "model_parameters_method": params[1],
     }
     return [
-        {**base, **win, **reading_cols(r), **monitor.job_cols(r), **host_cols,
-         "cpu_time_s": w["cpu_s"]}
+        {
+            **base,
+            **win,
+            **reading_cols(r),
+            **monitor.job_cols(r),
+            **host_cols,
+            "cpu_time_s": w["cpu_s"],
+        }
         for r in w["readings"]
     ]
 
 
-def failed_rows(spec: dict, ctx: dist.RankContext, bs: int, rep: int, status: str, msg: str,
-                phases: list[Phase], monitor, params: tuple[int | None, str]) -> list[dict]:
+def failed_rows(
+    spec: dict,
+    ctx: dist.RankContext,
+    bs: int,
+    rep: int,
+    status: str,
+    msg: str,
+    phases: list[Phase],
+    monitor,
+    params: tuple[int | None, str],
+) -> list[dict]:
     """This rank's rows of a failed point's repetition ``rep``: one per phase, nothing measured."""
-    fail = GpuReading(None, None, None, None, None, STATUS_UNAVAILABLE, "none",
-                      f"grid point failed ({status}); nothing measured")
+    fail = GpuReading(
+        None,
+        None,
+        None,
+        None,
+        None,
+        STATUS_UNAVAILABLE,
+        "none",
+        f"grid point failed ({status}); nothing measured",
+    )
     return [
-        {**base_row(spec, ctx, bs, rep, phase),
-         **window_cols(status=status, error=msg), **reading_cols(fail),
-         **monitor.job_cols(fail),
-         "host_energy_status": STATUS_UNAVAILABLE,
-         "host_energy_detail": "grid point failed; nothing measured",
-         "model_parameters": params[0], "model_parameters_method": params[1],
-         "cpu_time_s": None}
+        {
+            **base_row(spec, ctx, bs, rep, phase),
+            **window_cols(status=status, error=msg),
+            **reading_cols(fail),
+            **monitor.job_cols(fail),
+            "host_energy_status": STATUS_UNAVAILABLE,
+            "host_energy_detail": "grid point failed; nothing measured",
+            "model_parameters": params[0],
+            "model_parameters_method": params[1],
+            "cpu_time_s": None,
+        }
         for phase in phases
     ]

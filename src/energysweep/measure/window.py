@@ -16,8 +16,9 @@ from energysweep.energy import wall_ns
 from energysweep.phases import Phase
 
 
-def measure_window(step, min_iters: int, synchronize, *, min_window_s: float, clock, energy, host,
-                   cpu) -> dict:
+def measure_window(
+    step, min_iters: int, synchronize, *, min_window_s: float, clock, energy, host, cpu
+) -> dict:
     """The window rule (module docstring) around ``step(i)``, called once per iteration.
 
     Args:
@@ -56,8 +57,14 @@ def measure_window(step, min_iters: int, synchronize, *, min_window_s: float, cl
     readings = energy.end()
     host_reading = host.end()
     cpu_s = cpu.end()
-    return {"start": start, "end": end, "iterations": it, "readings": readings,
-            "host": host_reading, "cpu_s": cpu_s}
+    return {
+        "start": start,
+        "end": end,
+        "iterations": it,
+        "readings": readings,
+        "host": host_reading,
+        "cpu_s": cpu_s,
+    }
 
 
 def _sum_or_none(values) -> int | None:

@@ -87,8 +87,16 @@ class Scenario(ABC):
 
     def measured(self, step, min_iters: int, synchronize) -> dict:
         """The window rule (:func:`energysweep.measure.window.measure_window`) on this rank."""
-        w = measure_window(step, min_iters, synchronize, min_window_s=self.min_window_s,
-                           clock=self.clock, energy=self.energy, host=self.host, cpu=self.cpu)
+        w = measure_window(
+            step,
+            min_iters,
+            synchronize,
+            min_window_s=self.min_window_s,
+            clock=self.clock,
+            energy=self.energy,
+            host=self.host,
+            cpu=self.cpu,
+        )
         self.window_ns_total += w["end"] - w["start"]
         return w
 
@@ -116,11 +124,15 @@ class Scenario(ABC):
         Fatal: a collective failed (timed out, peer gone); the process group is then unusable.
         """
         traceback.print_exc()
-        return ("oom" if oom else "error", f"{type(exc).__name__}: {exc}",
-                dist.is_communication_failure(exc))
+        return (
+            "oom" if oom else "error",
+            f"{type(exc).__name__}: {exc}",
+            dist.is_communication_failure(exc),
+        )
 
-    def agree_on_failure(self, error: tuple[str, str, bool] | None, bs: int,
-                         windows: list[list[dict]]) -> list[list[dict]]:
+    def agree_on_failure(
+        self, error: tuple[str, str, bool] | None, bs: int, windows: list[list[dict]]
+    ) -> list[list[dict]]:
         """``windows``, or failed rows for every repetition if every rank's point failed.
 
         Collective on the agreement group (:func:`energysweep.dist.agree`), which every rank
@@ -159,9 +171,19 @@ class Scenario(ABC):
         return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl["repetitions"])]
 
     def _rows(self, bs: int, rep: int, phase: Phase, w: dict) -> list[dict]:
-        return window_rows(self.spec, self.ctx, bs, rep, phase, w, self.monitor,
-                           (self.params, self.params_method))
+        return window_rows(
+            self.spec, self.ctx, bs, rep, phase, w, self.monitor, (self.params, self.params_method)
+        )
 
     def _failed_rows(self, bs: int, rep: int, status: str, msg: str) -> list[dict]:
-        return failed_rows(self.spec, self.ctx, bs, rep, status, msg, self.phases(), self.monitor,
-                           (self.params, self.params_method))
+        return failed_rows(
+            self.spec,
+            self.ctx,
+            bs,
+            rep,
+            status,
+            msg,
+            self.phases(),
+            self.monitor,
+            (self.params, self.params_method),
+        )

@@ -66,8 +66,10 @@ class InferenceScenario(Scenario):
             tokens["tin"] += self.backend.input_tokens(batch)
             tokens["tout"] += sum(len(g) for g in gen)
             if record is not None and it < min_iters:
-                record.extend({"iteration": it, "prompt_index": i, "token_ids": g}
-                              for i, g in zip(idx, gen, strict=True))
+                record.extend(
+                    {"iteration": it, "prompt_index": i, "token_ids": g}
+                    for i, g in zip(idx, gen, strict=True)
+                )
 
         w = self.measured(step, min_iters, self.backend.synchronize)
         return {**w, **tokens}

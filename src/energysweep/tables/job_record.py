@@ -11,8 +11,13 @@ import json
 from energysweep import shards
 
 
-def write_job_record(spec: dict, audits: list[dict], environment: dict, timing: dict,
-                     job_table_rows: int | None = None) -> None:
+def write_job_record(
+    spec: dict,
+    audits: list[dict],
+    environment: dict,
+    timing: dict,
+    job_table_rows: int | None = None,
+) -> None:
     """Write ``spec["outputs"]["job_json"]`` atomically.
 
     Args:
@@ -38,5 +43,4 @@ def write_job_record(spec: dict, audits: list[dict], environment: dict, timing: 
         "job_table_rows": job_table_rows,
         "schema_version": shards.SCHEMA_VERSION,
     }
-    shards.write_text_atomic(json.dumps(record, indent=2, default=str),
-                             spec["outputs"]["job_json"])
+    shards.write_text_atomic(json.dumps(record, indent=2, default=str), spec["outputs"]["job_json"])

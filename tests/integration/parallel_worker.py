@@ -7,7 +7,7 @@ and (writers only) the token ids and prefill logits of its replica's batches.
 
 Usage: torchrun --standalone --nproc-per-node N parallel_worker.py
            --model-dir D --prompts P.json --out OUT --layouts tp2-pp1-dp1,tp2-pp1-dp1@dtensor,...
-A layout may carry ``@<tp mode>`` (see pt_parallel.apply_tensor_parallel); its results go to
+A layout may carry ``@<tp mode>`` (see torchpp.tp.apply_tensor_parallel); its results go to
 ``OUT/<layout>@<mode>``.
 """
 

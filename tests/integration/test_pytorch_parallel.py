@@ -40,7 +40,7 @@ NEW_TOKENS = 8
 LOGIT_TOL = 1e-4
 LAUNCH_TIMEOUT_S = 180
 
-# (layout, tp mode or None for the default): see pt_parallel.apply_tensor_parallel.
+# (layout, tp mode or None for the default): see torchpp.tp.apply_tensor_parallel.
 WORLD2 = [
     (ParallelLayout(2, 1, 1), None),
     (ParallelLayout(2, 1, 1), "dtensor"),

@@ -6,13 +6,13 @@ training_worker.py): one process (the reference, global batch 4), 2 processes fo
 machine) for tp2 x dp2, pp2 x dp2 and tp2 x pp2 (DP by gradient all-reduce over the mesh). Every
 layout trains the same global batch for 3 AdamW steps: per-step losses and all parameters must
 match the single process within 1e-4, and the parameters must have moved (the check is not
-vacuous). Each layout also measures one grid point (TrainingMeasurer.point) whose merged rows are
+vacuous). Each layout also measures one grid point (TrainingScenario.point) whose merged rows are
 written as a real shard. A last launch makes the documented Accelerate mistake (no cpu=True on
 CPU) and must fail, naming the expected and observed world sizes.
 
 The end-to-end test runs ``python -m energysweep.run`` (launch.run_job: torchrun, job spec,
 shards, job.json) for a training job; it needs run.main to dispatch scenario=training to
-TrainingMeasurer.
+TrainingScenario.
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
 """Per-rank worker for test_training.py, run under real torchrun (or alone for the reference).
 
 Trains several layouts of one world size in one launch (start-up dominates a torchrun here) with
-the production code of :mod:`energysweep.training`, set up as ``run.main`` sets it up (rank
-context, process audit, JobMonitor, TrainingMeasurer). For each layout:
+the production code of :mod:`energysweep.scenarios.training`, set up as ``run.main`` sets it up
+(rank context, process audit, JobMonitor, TrainingScenario). For each layout:
 
 1. a fresh copy of the checkpoint trains ``--steps`` optimizer steps at per-replica batch
    ``--global-batch / dp``; rank 0 writes ``OUT/<layout>/losses.json`` (per-step global-batch
    losses), and tp rank 0 of each stage of replica 0 writes ``OUT/<layout>/params-pp<s>.pt``
    (full parameters by checkpoint name);
-2. with ``--measure``, one measured grid point (``TrainingMeasurer.point``) whose rows, merged
-   by ``run._finalize_window``, rank 0 writes as a real shard ``OUT/<layout>/shard.parquet``.
+2. with ``--measure``, one measured grid point (``TrainingScenario.point``) whose rows, merged
+   by ``measure.window.finalize_window``, rank 0 writes as a real shard
+   ``OUT/<layout>/shard.parquet``.
 
 ``--mistake accelerate-no-cpu`` reproduces the silent single-process trap: it replaces
 ``training.make_accelerator`` by a plain ``Accelerator()`` (no ``cpu=True``) before the
-TrainingMeasurer is built; the audit must fail the job.
+TrainingScenario is built; the audit must fail the job.
 
 Usage: torchrun --standalone --nproc-per-node N training_worker.py --model-dir D --out OUT
            --layouts tp1-pp1-dp2,tp2-pp1-dp1 [--global-batch 4] [--steps 3] [--measure]
@@ -28,8 +29,10 @@ from pathlib import Path
 
 import torch
 
-from energysweep import dist, shards, training
+from energysweep import dist, shards
 from energysweep.grid import ParallelLayout
+from energysweep.scenarios import training
+from energysweep.scenarios.trainers import make_trainer
 
 
 def parse_layout(text: str) -> ParallelLayout:
@@ -94,8 +97,9 @@ def main() -> int:
     parser.add_argument("--mistake", choices=["accelerate-no-cpu"])
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from energysweep.measure.monitor import JobMonitor
+    from energysweep.measure.window import finalize_window
     from energysweep.prompts import load_prompts
-    from energysweep.run import JobMonitor, _finalize_window
 
     prompts = load_prompts()
     layouts = [parse_layout(t) for t in args.layouts.split(",")]
@@ -109,10 +113,10 @@ def main() -> int:
         ctx = dist.make_context(layout, "cpu", model_dir=args.model_dir, seed=0)
         dist.check_world(dist.gather(ctx.audit()), layout)
         monitor = JobMonitor(spec, ctx)
-        measurer = training.TrainingMeasurer(spec, ctx, prompts, monitor)
+        measurer = training.TrainingScenario(spec, ctx, prompts, monitor)
         monitor.start()
         bs = args.global_batch // layout.dp
-        trainer = training.make_trainer(
+        trainer = make_trainer(
             ctx, measurer.cfg, bs, measurer.samples, args.steps, measurer.accelerator
         )
         for _ in range(args.steps):
@@ -131,7 +135,7 @@ def main() -> int:
             (rows,) = measurer.point(bs)
             gathered = dist.gather(rows)
             if ctx.rank == 0:
-                shards.write_shard(_finalize_window(gathered), out / "shard.parquet")
+                shards.write_shard(finalize_window(gathered), out / "shard.parquet")
         monitor.finish()
         measurer.close()
         monitor.close()

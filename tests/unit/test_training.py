@@ -1,4 +1,4 @@
-"""Pure logic of the training scenario (energysweep.training) and its summary columns."""
+"""Pure logic of the training scenario (energysweep.scenarios) and its summary columns."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import math
 import pytest
 import torch
 
-from energysweep import aggregate, shards, training
+from energysweep import aggregate, shards
 from energysweep.dist import LayoutMismatch
 from energysweep.grid import ParallelLayout
-from energysweep.run import _prompt_indices
+from energysweep.scenarios import accelerate_world, train_data, trainers, training
+from energysweep.scenarios.base import prompt_indices
+from energysweep.torchpp.stage import TrainStage
 
 from tests_rows import row
 
@@ -21,23 +23,25 @@ def view(rank, n=2, index=None, dtype="MULTI_CPU", device="cpu:0"):
 
 
 def test_accelerate_path_only_for_pure_dp():
-    assert training.uses_accelerate(ParallelLayout(1, 1, 4))
-    assert training.uses_accelerate(ParallelLayout(1, 1, 1))
-    assert not training.uses_accelerate(ParallelLayout(2, 1, 2))
-    assert not training.uses_accelerate(ParallelLayout(1, 2, 1))
+    assert trainers.uses_accelerate(ParallelLayout(1, 1, 4))
+    assert trainers.uses_accelerate(ParallelLayout(1, 1, 1))
+    assert not trainers.uses_accelerate(ParallelLayout(2, 1, 2))
+    assert not trainers.uses_accelerate(ParallelLayout(1, 2, 1))
 
 
 def test_accelerate_world_that_matches_passes():
-    training.check_accelerate_world([view(0), view(1)], ParallelLayout(1, 1, 2), ["cpu", "cpu"])
+    accelerate_world.check_accelerate_world(
+        [view(0), view(1)], ParallelLayout(1, 1, 2), ["cpu", "cpu"]
+    )
     single = [view(0, n=1, dtype="NO", device="cpu")]
-    training.check_accelerate_world(single, ParallelLayout(), ["cpu"])
+    accelerate_world.check_accelerate_world(single, ParallelLayout(), ["cpu"])
 
 
 def test_accelerate_without_cpu_flag_is_refused_naming_both_world_sizes():
     # What Accelerator() reports on every rank under torchrun on CPU without cpu=True.
     views = [view(0, n=1, index=0, dtype="NO"), view(1, n=1, index=0, dtype="NO")]
     with pytest.raises(LayoutMismatch) as err:
-        training.check_accelerate_world(views, ParallelLayout(1, 1, 2), ["cpu", "cpu"])
+        accelerate_world.check_accelerate_world(views, ParallelLayout(1, 1, 2), ["cpu", "cpu"])
     msg = str(err.value)
     assert "expects Accelerate world size 2" in msg and "observed world size 1" in msg
     assert "NO" in msg and "cpu=True" in msg
@@ -45,20 +49,20 @@ def test_accelerate_without_cpu_flag_is_refused_naming_both_world_sizes():
 
 def test_accelerate_rank_order_and_device_checked():
     with pytest.raises(LayoutMismatch, match="process indices"):
-        training.check_accelerate_world(
+        accelerate_world.check_accelerate_world(
             [view(0, index=1), view(1, index=0)], ParallelLayout(1, 1, 2), ["cpu", "cpu"]
         )
     with pytest.raises(LayoutMismatch, match="other devices"):
-        training.check_accelerate_world(
+        accelerate_world.check_accelerate_world(
             [view(0, n=1, dtype="NO", device="cuda:1")], ParallelLayout(), ["cuda:0"]
         )
 
 
 def test_same_device():
-    assert training.same_device("cpu:0", "cpu")
-    assert training.same_device("cuda", "cuda:0")
-    assert not training.same_device("cuda:1", "cuda:0")
-    assert not training.same_device("cpu", "cuda:0")
+    assert accelerate_world.same_device("cpu:0", "cpu")
+    assert accelerate_world.same_device("cuda", "cuda:0")
+    assert not accelerate_world.same_device("cuda:1", "cuda:0")
+    assert not accelerate_world.same_device("cpu", "cuda:0")
 
 
 @pytest.mark.parametrize(
@@ -66,22 +70,22 @@ def test_same_device():
     [(8, 2, 2), (8, 3, 2), (1, 2, 1), (6, 4, 3), (4, 8, 4), (7, 4, 1)],
 )
 def test_effective_microbatches_divide_the_batch(bs, requested, expected):
-    got = training.effective_microbatches(bs, requested)
+    got = trainers.effective_microbatches(bs, requested)
     assert got == expected and bs % got == 0
 
 
 def test_effective_microbatches_rejects_zero():
     with pytest.raises(ValueError):
-        training.effective_microbatches(0, 2)
+        trainers.effective_microbatches(0, 2)
 
 
 def test_window_loss_means_replicas_then_steps():
-    mean, per_step = training.window_loss([[2.0, 4.0], [4.0, 6.0]])
+    mean, per_step = trainers.window_loss([[2.0, 4.0], [4.0, 6.0]])
     assert per_step == [3.0, 5.0] and mean == 4.0
     with pytest.raises(ValueError, match="different step counts"):
-        training.window_loss([[1.0], [1.0, 2.0]])
+        trainers.window_loss([[1.0], [1.0, 2.0]])
     with pytest.raises(ValueError):
-        training.window_loss([])
+        trainers.window_loss([])
 
 
 def test_causal_lm_loss_is_next_token_cross_entropy():
@@ -92,13 +96,13 @@ def test_causal_lm_loss_is_next_token_cross_entropy():
         sum(-torch.log_softmax(logits[b, t], -1)[ids[b, t + 1]] for b in range(2) for t in range(4))
         / 8
     )
-    assert torch.allclose(training.causal_lm_loss(logits, ids), expected)
+    assert torch.allclose(trainers.causal_lm_loss(logits, ids), expected)
 
 
 def test_synthetic_samples_are_seeded_and_in_vocabulary():
-    a = training.synthetic_samples(50, 16, seed=3)
-    assert torch.equal(a, training.synthetic_samples(50, 16, seed=3))
-    assert not torch.equal(a, training.synthetic_samples(50, 16, seed=4))
+    a = train_data.synthetic_samples(50, 16, seed=3)
+    assert torch.equal(a, train_data.synthetic_samples(50, 16, seed=3))
+    assert not torch.equal(a, train_data.synthetic_samples(50, 16, seed=4))
     assert a.shape == (256, 16) and a.min() >= 0 and a.max() < 50
 
 
@@ -110,15 +114,15 @@ class _Tok:
 
 
 def test_prompts_are_packed_into_full_sequences_with_eos():
-    samples = training.packed_prompt_samples(["abc", "de"], _Tok(), seq_len=3)
+    samples = train_data.packed_prompt_samples(["abc", "de"], _Tok(), seq_len=3)
     # a b c EOS d e EOS -> 7 tokens -> 2 full sequences, the tail dropped (no padding)
     assert samples.tolist() == [[97, 98, 99], [1, 100, 101]]
     with pytest.raises(ValueError, match="fewer than training.seq_len"):
-        training.packed_prompt_samples(["a"], _Tok(), seq_len=8)
+        train_data.packed_prompt_samples(["a"], _Tok(), seq_len=8)
 
 
 def test_dataset_cycles_and_is_bounded():
-    ds = training.TokenDataset(torch.arange(6).view(3, 2), length=7)
+    ds = train_data.TokenDataset(torch.arange(6).view(3, 2), length=7)
     assert len(ds) == 7 and ds[4].tolist() == [2, 3]
     with pytest.raises(IndexError):
         ds[7]
@@ -126,7 +130,7 @@ def test_dataset_cycles_and_is_bounded():
 
 @pytest.mark.parametrize(("dp", "bs"), [(2, 3), (3, 2), (1, 4)])
 def test_accelerate_dataloader_sharding_is_the_contiguous_split(dp, bs):
-    """Accelerate's shard of an unshuffled loader == run._prompt_indices (the mesh path's split)."""
+    """Accelerate's shard of an unshuffled loader == base.prompt_indices (the mesh path's split)."""
     from accelerate.data_loader import BatchSamplerShard
     from torch.utils.data import BatchSampler, SequentialSampler
 
@@ -134,7 +138,7 @@ def test_accelerate_dataloader_sharding_is_the_contiguous_split(dp, bs):
     base = BatchSampler(SequentialSampler(range(steps * bs * dp)), bs, drop_last=False)
     for d in range(dp):
         shard = list(BatchSamplerShard(base, num_processes=dp, process_index=d))
-        assert shard == [_prompt_indices(s, bs, dp, d, n) for s in range(steps)]
+        assert shard == [prompt_indices(s, bs, dp, d, n) for s in range(steps)]
 
 
 def test_training_config_names_the_missing_section():
@@ -160,13 +164,13 @@ def test_train_stage_matches_the_hf_model(tmp_path):
 
     model_dir = build_tiny_model(tmp_path / "tiny", {"num_hidden_layers": 2})
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = training.synthetic_samples(model.config.vocab_size, 12, seed=1, n=3)
-    stage = training.TrainStage(model, first=True, last=True)
+    ids = train_data.synthetic_samples(model.config.vocab_size, 12, seed=1, n=3)
+    stage = TrainStage(model, first=True, last=True)
     with torch.no_grad():
         ours = stage(ids)
         hf = model(ids, labels=ids)
     assert (ours - hf.logits).abs().max().item() < 1e-5
-    assert abs(training.causal_lm_loss(ours, ids).item() - hf.loss.item()) < 1e-5
+    assert abs(trainers.causal_lm_loss(ours, ids).item() - hf.loss.item()) < 1e-5
 
 
 def _train_row(**over):

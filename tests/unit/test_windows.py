@@ -1,17 +1,22 @@
-"""The window loop, idle baseline, prefill pass and cooldown of energysweep.run, on one rank.
+"""The window rule, idle baseline, prefill pass and cooldown (measure/, scenarios/), on one rank.
 
 The hardware boundary is faked (fake pynvml, a fake backend whose work advances a fake clock and
-the fake GPU's energy counter); the Measurer, JobMonitor and NVML source run for real.
+the fake GPU's energy counter); the inference scenario, JobMonitor and NVML source run for real.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from energysweep import dist, run, shards
+from energysweep import dist, shards
 from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.grid import ParallelLayout
+from energysweep.measure import monitor as es_monitor
+from energysweep.measure.monitor import JobMonitor
+from energysweep.measure.rows import count_parameters
+from energysweep.measure.window import finalize_window
+from energysweep.scenarios.inference import InferenceScenario
 
 import fake_pynvml
 
@@ -142,16 +147,16 @@ def gpu_rank(fake_nvml, monkeypatch, tmp_path):
     LlamaConfig(**TINY).save_pretrained(tmp_path)  # the checkpoint's config.json, no weights
     mod = fake_nvml(fake_pynvml.h100s(2))
     gpu = mod.fake_gpus[1]
-    monkeypatch.setattr(run, "_gpu_uuids", lambda device: [gpu.uuid])
+    monkeypatch.setattr(es_monitor, "rank_gpu_uuids", lambda device: [gpu.uuid])
     monkeypatch.setattr(es_nvml, "COUNTER_UPDATE_PERIOD_NS", 0)  # real wall time is ~0 here
     clock = Clock(gpu)
 
     def make(backend=None, **measurement):
         s = spec(**measurement)
         ctx = context("cuda:0", model_dir=str(tmp_path))
-        monitor = run.JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
+        monitor = JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
         backend = backend or FakeBackend(clock)
-        return run.Measurer(s, ctx, backend, [f"p{i}" for i in range(64)], monitor), backend
+        return InferenceScenario(s, ctx, backend, [f"p{i}" for i in range(64)], monitor), backend
 
     return make, clock, gpu
 
@@ -196,7 +201,7 @@ def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
         assert r["host_energy_status"] == "unavailable"  # host_energy_source: none
     prefill = [r for r in rows if r["phase"] == "prefill"]
     assert all(r["output_tokens"] == r["iterations"] * 4 for r in prefill)
-    shards.to_table(run._finalize_window([rows]))  # complete rows of the one schema
+    shards.to_table(finalize_window([rows]))  # complete rows of the one schema
     # Generations: rep 0's first workload.iterations iterations only.
     assert len(measurer.generations) == 2 * 4
 
@@ -206,8 +211,8 @@ def test_cpu_rank_spends_no_idle_time_and_says_why(monkeypatch):
     s = spec()
     s["model_entry"]["dims"] = {"num_parameters": 1234}  # no checkpoint here: the declared count
     ctx = context("cpu")
-    monitor = run.JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
-    measurer = run.Measurer(s, ctx, FakeBackend(clock), ["a", "b", "c"], monitor)
+    monitor = JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
+    measurer = InferenceScenario(s, ctx, FakeBackend(clock), ["a", "b", "c"], monitor)
     monitor.start(lambda: None)
     assert clock.sleeps == []  # nothing could measure the idle baseline
     rows = [r for rep in measurer.point(1) for r in rep]
@@ -238,7 +243,7 @@ def test_failed_point_rows_are_complete(gpu_rank):
     assert {r["status"] for r in rows} == {"oom"}
     assert [r["phase"] for r in rows] == ["generate", "prefill"] * 2
     assert all(r["gpu_energy_mj"] is None for r in rows)
-    shards.to_table(run._finalize_window([rows]))
+    shards.to_table(finalize_window([rows]))
 
 
 def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
@@ -258,7 +263,7 @@ def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
             model_parameters_method="counted",
         )
 
-    rows = run._finalize_window(
+    rows = finalize_window(
         [
             [r(0, "generate", 30, 60, True), r(0, "prefill", 30, 4, True)],
             [r(1, "generate", 0, 0, False), r(1, "prefill", 0, 0, False)],
@@ -288,11 +293,11 @@ def test_parameters_from_the_checkpoint_config(tmp_path):
     cfg = LlamaConfig(**TINY, tie_word_embeddings=True)
     cfg.save_pretrained(tmp_path)
     expected = LlamaForCausalLM(cfg).num_parameters()
-    assert run._count_parameters(str(tmp_path)) == expected
-    assert run._count_parameters(str(tmp_path / "missing")) is None
+    assert count_parameters(str(tmp_path)) == expected
+    assert count_parameters(str(tmp_path / "missing")) is None
 
 
-# Job-wide agreement on a point's outcome (Measurer.agree_on_failure): the other ranks' outcomes
+# Job-wide agreement on a point's outcome (Scenario.agree_on_failure): the other ranks' outcomes
 # are what energysweep.dist.agree returns; here it is replaced by the outcomes of a 2-rank world.
 
 

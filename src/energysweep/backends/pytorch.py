@@ -1,6 +1,6 @@
 """PyTorch / transformers backend: one process per rank under torchrun, any tp x pp x dp layout.
 
-Interface every backend implements (see energysweep.run):
+Interface every backend implements (see energysweep.scenarios.inference):
     encode(prompts) -> batch            left-padded, truncated to max_input_tokens
     input_tokens(batch) -> int          prompt tokens excluding padding
     generate(batch, n) -> list[list[int]] | None
@@ -12,21 +12,19 @@ Interface every backend implements (see energysweep.run):
 Also, for accuracy tests: prefill_logits(batch) -> Tensor[B, L, V] | None (on the writer).
 
 DP is the caller's: each replica gets its own prompts, and all ranks of one replica are called with
-the same batch. TP and PP live in :mod:`energysweep.backends.pt_parallel` (sharding plan, stage
-split, the greedy decode loop used for every layout).
+the same batch. TP and PP live in :mod:`energysweep.torchpp` (stage loading, sharding plan, the
+greedy decode loop used for every layout).
 """
 
 from __future__ import annotations
 
 import torch
 
-from energysweep.backends import pt_parallel
 from energysweep.backends.base import Backend
 from energysweep.dist import RankContext
-from energysweep.grid import ModelDims
 from energysweep.oom import is_oom
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from energysweep.torchpp.decode import StageRunner
+from energysweep.torchpp.load import load_rank_stage
 
 
 class PyTorchBackend(Backend):
@@ -35,32 +33,17 @@ class PyTorchBackend(Backend):
     name = "pytorch"
 
     def __init__(self, ctx: RankContext):
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        layout, coords = ctx.layout, ctx.coords
         self.ctx = ctx
         self.device = torch.device(ctx.device)
-        config = AutoConfig.from_pretrained(ctx.model_dir)
-        reasons = layout.unrunnable_reasons(ModelDims.from_hf_config(config.to_dict()))
-        if reasons:
-            raise ValueError(f"layout {layout} cannot run {ctx.model_dir}: " + "; ".join(reasons))
+        # ctx.extra["tp_mode"]: "local" (default) or "dtensor", see torchpp.tp.
+        self.model, _ = load_rank_stage(ctx, ctx.extra.get("tp_mode", "local"))
         self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_dir)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = pt_parallel.load_stage_model(
-            ctx.model_dir,
-            DTYPES[ctx.dtype],
-            self.device,
-            layout.stage_layers(config.num_hidden_layers, coords.pp_rank),
-            first=coords.pp_rank == 0,
-            last=coords.pp_rank == layout.pp - 1,
-        )
-        if layout.tp > 1:
-            # ctx.extra["tp_mode"]: "local" (default) or "dtensor", see apply_tensor_parallel.
-            mode = ctx.extra.get("tp_mode", "local")
-            pt_parallel.apply_tensor_parallel(self.model, ctx.mesh["tp"], mode)
-        self.runner = pt_parallel.StageRunner(self.model, layout, ctx.rank, ctx.mesh)
+        self.runner = StageRunner(self.model, ctx.layout, ctx.rank, ctx.mesh)
 
     def encode(self, prompts: list[str]) -> dict:
         enc = self.tokenizer(

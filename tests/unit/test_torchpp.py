@@ -1,4 +1,4 @@
-"""Pure logic of the PyTorch backend's TP/PP path; its one-process decode against HF generate."""
+"""Pure logic of energysweep.torchpp (TP/PP toolkit); its one-process decode against HF generate."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import functools
 import pytest
 import torch
 
-from energysweep.backends import pt_parallel as ptp
 from energysweep.grid import ParallelLayout
+from energysweep.torchpp import decode, load, tp
+from energysweep.torchpp import stage as stage_fwd
 
 # Left padding: 3 pads, 0 pads, 5 pads.
 PAD_MASK = torch.tensor(
@@ -38,13 +39,13 @@ def _brute_force_allowed(padding_mask: torch.Tensor, q_len: int) -> torch.Tensor
 
 
 def test_position_ids_count_real_tokens_from_zero():
-    pos = ptp.position_ids_from_mask(PAD_MASK)
+    pos = stage_fwd.position_ids_from_mask(PAD_MASK)
     assert pos.tolist() == [[0, 0, 0, 0, 1, 2], [0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0]]
 
 
 def test_position_ids_of_a_decode_step_continue_each_sequence():
     grown = torch.cat([PAD_MASK, torch.ones(3, 1, dtype=PAD_MASK.dtype)], dim=-1)
-    last = ptp.position_ids_from_mask(grown)[:, -1:]
+    last = stage_fwd.position_ids_from_mask(grown)[:, -1:]
     assert last.tolist() == [[3], [6], [1]]
 
 
@@ -54,28 +55,28 @@ def test_position_ids_match_hf_generate():
     hf = GenerationMixin._prepare_position_ids_for_generation(
         None, PAD_MASK, {"attention_mask": PAD_MASK}
     )
-    assert torch.equal(ptp.position_ids_from_mask(PAD_MASK), hf)
+    assert torch.equal(stage_fwd.position_ids_from_mask(PAD_MASK), hf)
 
 
 @pytest.mark.parametrize("q_len", [6, 1, 2])
 def test_sdpa_mask_is_causal_and_hides_padding(q_len):
-    mask = ptp.stage_attention_mask(PAD_MASK, q_len, "sdpa", torch.float32)
+    mask = stage_fwd.stage_attention_mask(PAD_MASK, q_len, "sdpa", torch.float32)
     assert mask.dtype == torch.bool
     assert torch.equal(mask, _brute_force_allowed(PAD_MASK, q_len))
 
 
 @pytest.mark.parametrize("q_len", [6, 1])
 def test_sdpa_mask_is_none_where_sdpa_is_causal_is_exact(q_len):
-    assert ptp.stage_attention_mask(torch.ones(2, 6), q_len, "sdpa", torch.float32) is None
+    assert stage_fwd.stage_attention_mask(torch.ones(2, 6), q_len, "sdpa", torch.float32) is None
 
 
 def test_sdpa_mask_kept_for_a_chunk_after_a_cache_even_without_padding():
-    mask = ptp.stage_attention_mask(torch.ones(1, 5), 2, "sdpa", torch.float32)
+    mask = stage_fwd.stage_attention_mask(torch.ones(1, 5), 2, "sdpa", torch.float32)
     assert torch.equal(mask, _brute_force_allowed(torch.ones(1, 5), 2))
 
 
 def test_eager_mask_is_additive():
-    mask = ptp.stage_attention_mask(PAD_MASK, 6, "eager", torch.bfloat16)
+    mask = stage_fwd.stage_attention_mask(PAD_MASK, 6, "eager", torch.bfloat16)
     allowed = _brute_force_allowed(PAD_MASK, 6)
     assert mask.dtype == torch.bfloat16
     assert (mask[allowed] == 0).all()
@@ -99,7 +100,7 @@ def test_masks_equal_transformers_own(impl, q_len, padded):
         attention_mask=pad.bool(),
         dtype=torch.float32,
     )
-    ours = ptp.stage_attention_mask(pad, q_len, impl, torch.float32)
+    ours = stage_fwd.stage_attention_mask(pad, q_len, impl, torch.float32)
     if theirs is None:
         assert ours is None
     else:
@@ -108,18 +109,18 @@ def test_masks_equal_transformers_own(impl, q_len, padded):
 
 def test_unsupported_attention_is_refused():
     with pytest.raises(ValueError, match="flash_attention_2"):
-        ptp.stage_attention_mask(PAD_MASK, 1, "flash_attention_2", torch.float32)
+        stage_fwd.stage_attention_mask(PAD_MASK, 1, "flash_attention_2", torch.float32)
 
 
 def test_checkpoint_key_maps_local_layers_to_global():
     layers = range(2, 4)
-    assert ptp.checkpoint_key("model.layers.0.mlp.up_proj.weight", layers) == (
+    assert load.checkpoint_key("model.layers.0.mlp.up_proj.weight", layers) == (
         "model.layers.2.mlp.up_proj.weight"
     )
-    assert ptp.checkpoint_key("model.layers.1.self_attn.q_proj.weight", layers) == (
+    assert load.checkpoint_key("model.layers.1.self_attn.q_proj.weight", layers) == (
         "model.layers.3.self_attn.q_proj.weight"
     )
-    assert ptp.checkpoint_key("lm_head.weight", layers) == "lm_head.weight"
+    assert load.checkpoint_key("lm_head.weight", layers) == "lm_head.weight"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def _stage_weights_match(model_dir, pp: int, stage: int):
     full = _full_model(model_dir)
     full_state = full.state_dict()
     layers = ParallelLayout(1, pp, 1).stage_layers(full.config.num_hidden_layers, stage)
-    model = ptp.load_stage_model(
+    model = load.load_stage_model(
         model_dir, torch.float32, torch.device("cpu"), layers, stage == 0, stage == pp - 1
     )
     inner = model.model
@@ -166,7 +167,7 @@ def _stage_weights_match(model_dir, pp: int, stage: int):
     assert (inner.embed_tokens is not None) == (stage == 0)
     assert (model.lm_head is not None) == (stage == pp - 1)
     for key, value in model.state_dict().items():
-        assert torch.equal(value, full_state[ptp.checkpoint_key(key, layers)]), key
+        assert torch.equal(value, full_state[load.checkpoint_key(key, layers)]), key
     # RoPE frequencies are a non-persistent buffer: rebuilt, not read from the checkpoint.
     assert torch.equal(inner.rotary_emb.inv_freq, full.model.rotary_emb.inv_freq)
     return model
@@ -187,7 +188,7 @@ def test_tied_head_on_last_stage_reads_the_embedding(tied_dir):
 
 
 def test_whole_model_fallback_gives_the_same_stage(tiny_dir, monkeypatch):
-    monkeypatch.setattr(ptp, "_checkpoint_files", lambda _: None)
+    monkeypatch.setattr(load, "_checkpoint_files", lambda _: None)
     _stage_weights_match(tiny_dir, 2, 1)
 
 
@@ -241,7 +242,7 @@ def test_eos_suppressed_like_min_new_tokens(backend, hf_model, monkeypatch):
 
 def test_prefill_logits_equal_hf_forward(backend, hf_model):
     batch = backend.encode(PROMPTS)
-    pos = ptp.position_ids_from_mask(batch["attention_mask"])
+    pos = stage_fwd.position_ids_from_mask(batch["attention_mask"])
     with torch.no_grad():
         ref = hf_model(**batch, position_ids=pos).logits
     ours = backend.prefill_logits(batch)
@@ -255,7 +256,7 @@ def test_zero_new_tokens(backend):
 
 def test_tp_or_pp_without_mesh_is_refused(hf_model):
     with pytest.raises(ValueError, match="mesh"):
-        ptp.StageRunner(hf_model, ParallelLayout(1, 2, 1), 0, mesh=None)
+        decode.StageRunner(hf_model, ParallelLayout(1, 2, 1), 0, mesh=None)
 
 
 class _FakeMesh:
@@ -268,9 +269,9 @@ class _FakeMesh:
 
 def test_tp_refuses_unknown_mode(hf_model):
     with pytest.raises(ValueError, match="tp mode"):
-        ptp.apply_tensor_parallel(hf_model, _FakeMesh(2), mode="fast")
+        tp.apply_tensor_parallel(hf_model, _FakeMesh(2), mode="fast")
 
 
 def test_tp_refuses_a_degree_that_does_not_divide_the_heads(hf_model):
     with pytest.raises(ValueError, match="tp=3 does not divide num_attention_heads=4"):
-        ptp.apply_tensor_parallel(hf_model, _FakeMesh(3))
+        tp.apply_tensor_parallel(hf_model, _FakeMesh(3))

@@ -1,0 +1,189 @@
+"""The point loop every scenario shares, and what both scenarios split prompts and sequences by.
+
+A :class:`Scenario` runs the windows of one job on one rank: for each batch size (``point``) it
+prepares the point, then measures ``workload.repetitions`` repetitions, each after a cooldown. A
+failure at one batch size (OOM, error) is agreed across ranks and recorded as that point's status
+(failed rows) and the job goes on; a failure on some ranks only, or in a collective, aborts the
+job. Subclasses say what a point prepares and what one repetition measures.
+"""
+
+from __future__ import annotations
+
+import traceback
+from abc import ABC, abstractmethod
+
+from energysweep import dist, faults
+from energysweep.energy import CpuTime
+from energysweep.measure.rows import failed_rows, model_parameters, window_rows
+from energysweep.measure.window import measure_window
+from energysweep.oom import is_oom
+from energysweep.phases import Phase
+
+
+def prompt_indices(iteration: int, batch_size: int, dp: int, dp_rank: int, n_prompts: int):
+    """Prompt indices of one replica's batch: global batch ``iteration`` split contiguously."""
+    global_batch = batch_size * dp
+    start = iteration * global_batch + dp_rank * batch_size
+    return [(start + j) % n_prompts for j in range(batch_size)]
+
+
+def collective_timeout_s(spec: dict) -> float:
+    """``limits.collective_timeout_s`` of the job (launch.run_job puts ``limits`` in the spec)."""
+    limits = spec.get("limits") or {}
+    return float(limits.get("collective_timeout_s") or dist.DEFAULT_COLLECTIVE_TIMEOUT_S)
+
+
+class Scenario(ABC):
+    """Runs the windows of one job on one rank.
+
+    Attributes:
+        name: the scenario's name in the job (``job.scenario``, the fault hook's ``scenario``).
+        generations: rows of generations.parquet (inference; empty for training).
+        window_ns_total: time spent inside measured windows (job.json ``timing.window_s``).
+    """
+
+    name: str
+
+    def __init__(self, spec: dict, ctx: dist.RankContext, backend, prompts: list[str], monitor):
+        self.spec = spec
+        self.ctx = ctx
+        self.backend = backend
+        self.prompts = prompts
+        self.wl = spec["workload"]
+        self.m = spec["measurement"]
+        self.monitor = monitor
+        self.energy = monitor.energy
+        self.host = monitor.host
+        self.clock = monitor.clock
+        self.sleep = monitor.sleep
+        self.min_window_s = float(self.m.get("min_window_s", 0.0))
+        self.collective_timeout_s = collective_timeout_s(spec)
+        self.cpu = CpuTime()
+        self.window_ns_total = 0
+        self.generations: list[dict] = []
+        self.params, self.params_method = model_parameters(spec, ctx.model_dir)
+
+    @abstractmethod
+    def phases(self) -> list[Phase]:
+        """The phases one repetition measures (the rows of a failed point)."""
+
+    @abstractmethod
+    def prepare(self, bs: int) -> None:
+        """Everything before the first measured window of a point (batches, warm-up)."""
+
+    @abstractmethod
+    def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
+        """This rank's rows of repetition ``rep`` (its cooldowns and windows)."""
+
+    def end_point(self) -> None:  # noqa: B027 - an optional hook
+        """Release what :meth:`prepare` made (runs whether the point succeeded or not)."""
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        """True where a point's exception must end the job rather than become its status."""
+        return False
+
+    def close(self) -> None:  # noqa: B027 - an optional hook
+        """Release what the scenario holds for the whole job."""
+
+    def measured(self, step, min_iters: int, synchronize) -> dict:
+        """The window rule (:func:`energysweep.measure.window.measure_window`) on this rank."""
+        w = measure_window(
+            step,
+            min_iters,
+            synchronize,
+            min_window_s=self.min_window_s,
+            clock=self.clock,
+            energy=self.energy,
+            host=self.host,
+            cpu=self.cpu,
+        )
+        self.window_ns_total += w["end"] - w["start"]
+        return w
+
+    def point(self, bs: int) -> list[list[dict]]:
+        """All windows of one batch size: a list (one per repetition) of this rank's rows."""
+        cooldown_s = float(self.m.get("cooldown_s", 0))
+        windows: list[list[dict]] = []
+        error = None
+        try:
+            faults.inject(self.ctx.rank, bs, self.name)  # test-only; off unless env var set
+            self.prepare(bs)
+            for rep in range(self.wl["repetitions"]):
+                windows.append(self.repetition(bs, rep, cooldown_s))
+        except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
+            if self.is_fatal(exc):
+                raise
+            error = self.point_error(exc, is_oom(exc))
+        finally:
+            self.end_point()
+        return self.agree_on_failure(error, bs, windows)
+
+    def point_error(self, exc: BaseException, oom: bool) -> tuple[str, str, bool]:
+        """What :meth:`agree_on_failure` needs of a point's exception: (status, message, fatal).
+
+        Fatal: a collective failed (timed out, peer gone); the process group is then unusable.
+        """
+        traceback.print_exc()
+        return (
+            "oom" if oom else "error",
+            f"{type(exc).__name__}: {exc}",
+            dist.is_communication_failure(exc),
+        )
+
+    def agree_on_failure(
+        self, error: tuple[str, str, bool] | None, bs: int, windows: list[list[dict]]
+    ) -> list[list[dict]]:
+        """``windows``, or failed rows for every repetition if every rank's point failed.
+
+        Collective on the agreement group (:func:`energysweep.dist.agree`), which every rank
+        reaches once per point whatever happened in it. A point that failed on *every* rank (an
+        OOM at this batch size, a bad batch) becomes that point's status and the job goes on. A
+        point that failed on some ranks only, or in a collective, means the others are (or were)
+        waiting in a collective the failed rank never joined: the ranks are out of step, so the
+        job aborts (:class:`energysweep.dist.JobAborted`). A rank that does not arrive within
+        ``limits.collective_timeout_s`` (stuck or dead) aborts the job too.
+
+        Raises:
+            energysweep.dist.JobAborted: naming the ranks, their errors and the batch size.
+        """
+        try:
+            outcomes = dist.agree(error)
+        except Exception as exc:
+            mine = f"this rank's point failed: {error[1]}" if error else "this rank's point is done"
+            raise dist.JobAborted(
+                f"rank {self.ctx.rank}: the ranks did not agree on batch size {bs} within "
+                f"limits.collective_timeout_s={self.collective_timeout_s:g} s; another rank is "
+                f"stuck or dead ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); {mine}. "
+                "Aborting the job"
+            ) from exc
+        failed = {rank: e for rank, e in enumerate(outcomes) if e is not None}
+        if not failed:
+            return windows
+        msg = "; ".join(sorted({e[1] for e in failed.values()}))[:2000]
+        if len(failed) < len(outcomes) or any(e[2] for e in failed.values()):
+            raise dist.JobAborted(
+                f"batch size {bs} failed on rank(s) {sorted(failed)} of {len(outcomes)}: {msg}. "
+                "A failure on some ranks only, or in a collective, leaves the ranks' collectives "
+                "out of step, so the job cannot go on (a failure every rank sees, such as an OOM "
+                "at this batch size, is recorded as the point's status instead). Aborting the job"
+            )
+        status = "oom" if any(e[0] == "oom" for e in failed.values()) else "error"
+        return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl["repetitions"])]
+
+    def _rows(self, bs: int, rep: int, phase: Phase, w: dict) -> list[dict]:
+        return window_rows(
+            self.spec, self.ctx, bs, rep, phase, w, self.monitor, (self.params, self.params_method)
+        )
+
+    def _failed_rows(self, bs: int, rep: int, status: str, msg: str) -> list[dict]:
+        return failed_rows(
+            self.spec,
+            self.ctx,
+            bs,
+            rep,
+            status,
+            msg,
+            self.phases(),
+            self.monitor,
+            (self.params, self.params_method),
+        )

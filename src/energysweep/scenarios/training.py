@@ -1,0 +1,124 @@
+"""The ``training`` scenario: energy per training token of fixed optimizer steps, per layout.
+
+:class:`TrainingScenario` runs the point loop of :class:`energysweep.scenarios.base.Scenario`; each
+grid point (batch size) is a fresh short training run: the checkpoint is loaded again,
+``warmup_steps`` unmeasured optimizer steps run, then ``repetitions`` windows of ``steps``
+optimizer steps each, training continuing from window to window.
+
+How a layout trains (one rank = one process under torchrun; ``batch_size`` is per replica and the
+global batch is ``batch_size * dp`` sequences of ``seq_len`` tokens): pure DP through HuggingFace
+Accelerate, checked by :mod:`.accelerate_world`; any model parallelism over our mesh
+(:mod:`.trainers`). Every layout runs the same stage forward and loss, and every sequence has
+exactly ``seq_len`` tokens, so a global batch gives the same mean loss and gradient however it is
+split over replicas or micro-batches; the integration tests check DP/TP/PP against one process
+within 1e-4.
+
+Row mapping (schema in :mod:`energysweep.shards`): ``phase = "train"``, ``iterations`` = optimizer
+steps in the window, ``requests`` = sequences trained on (all replicas), ``input_tokens`` = tokens
+trained on (all replicas), ``output_tokens`` = null (training generates nothing), ``loss`` = mean
+over the window's steps of the global-batch loss (gathered across DP replicas).
+"""
+
+from __future__ import annotations
+
+from energysweep import dist
+from energysweep.phases import Phase
+from energysweep.scenarios.accelerate_world import audit_accelerator, make_accelerator
+from energysweep.scenarios.base import Scenario
+from energysweep.scenarios.train_data import load_samples
+from energysweep.scenarios.trainers import make_trainer, uses_accelerate
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def training_config(spec: dict) -> dict:
+    """The job spec's ``training`` section (validated and defaulted by the config schema)."""
+    cfg = spec.get("training")
+    if not isinstance(cfg, dict):
+        raise ValueError(
+            "the job spec has no `training` section; rules/common.smk get_job_spec must pass "
+            "config['training'] for scenario=training jobs"
+        )
+    missing = {"steps", "warmup_steps", "seq_len", "data", "optimizer", "lr", "microbatches"} - set(
+        cfg
+    )
+    if missing:
+        raise ValueError(f"training section lacks {sorted(missing)} (validate the config first)")
+    if cfg["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"training.optimizer {cfg['optimizer']!r} is not one of {OPTIMIZERS}")
+    return cfg
+
+
+class TrainingScenario(Scenario):
+    """Runs the training windows of one job on one rank (no backend: it loads per point).
+
+    ``generations`` stays empty (training generates nothing). Window rule as for inference
+    (:mod:`energysweep.measure.window`): a window runs at least ``training.steps`` optimizer steps
+    and repeats steps until it also lasts ``measurement.min_window_s``; all ranks stop after the
+    same step.
+    """
+
+    name = "training"
+
+    def __init__(self, spec: dict, ctx: dist.RankContext, prompts: list[str], monitor):
+        super().__init__(spec, ctx, None, prompts, monitor)
+        self.cfg = training_config(spec)
+        self.last_step_losses: list[list[float]] = []  # per window of the last point (for tests)
+        self.accelerator = None
+        if uses_accelerate(ctx.layout):
+            # Outside any per-point error handling: a wrong world fails the job, not one point.
+            self.accelerator = make_accelerator(ctx.device)
+            audit_accelerator(self.accelerator, ctx)
+        self.samples = load_samples(self.cfg, ctx.model_dir, prompts, spec["seed"])
+        self.trainer = None
+
+    def _sync(self) -> None:
+        self.monitor.synchronize()
+
+    def train_window(self, trainer, bs: int) -> dict:
+        """One measured window of optimizer steps: :meth:`measured`'s dict, tokens, the loss."""
+        w = self.measured(lambda _: trainer.step(), self.cfg["steps"], self._sync)
+        per_step_loss = trainer.take_losses()  # after the window: a collective + host sync
+        # Per-rank counts are non-zero only on each replica's writer; measure.finalize_window sums
+        # them over ranks into the window total (all replicas).
+        steps = w["iterations"]
+        tokens = bs * steps * self.cfg["seq_len"] if self.ctx.coords.is_writer else 0
+        return {
+            **w,
+            "tin": tokens,
+            "tout": None,
+            "loss": sum(per_step_loss) / len(per_step_loss),
+            "step_losses": per_step_loss,
+        }
+
+    def phases(self) -> list[Phase]:
+        return [Phase.TRAIN]
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        return isinstance(exc, dist.LayoutMismatch)
+
+    def prepare(self, bs: int) -> None:
+        self.last_step_losses = []
+        self.trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
+        for _ in range(self.cfg["warmup_steps"]):
+            self.trainer.step()
+        if self.cfg["warmup_steps"]:
+            self.trainer.take_losses()
+
+    def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
+        self.sleep(cooldown_s)
+        w = self.train_window(self.trainer, bs)
+        self.last_step_losses.append(w["step_losses"])
+        return [{**r, "loss": w["loss"]} for r in self._rows(bs, rep, Phase.TRAIN, w)]
+
+    def end_point(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+        if self.accelerator is not None:
+            self.accelerator.free_memory()
+
+    def close(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.free_memory()
+        self.samples = None

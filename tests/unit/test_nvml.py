@@ -63,6 +63,43 @@ def test_one_mig_refusal_names_the_slices():
         hw_nvml.refuse_mig("MIG-a, MIG-b")
 
 
+def test_every_source_implements_the_one_interface():
+    from energysweep.energy import cputime, crosscheck, rapl, unavailable, unreadable, zeus
+    from energysweep.energy.base import EnergySource
+
+    sources = [es_nvml.NvmlSource, zeus.ZeusSource, crosscheck.CrossCheckSource,
+               unavailable.UnavailableSource, unreadable.WithUnreadable, rapl.RaplSource,
+               rapl.UnavailableHostSource, cputime.CpuTime]
+    assert all(issubclass(cls, EnergySource) for cls in sources)
+
+    class Half(EnergySource):
+        def begin(self):
+            pass
+
+    with pytest.raises(TypeError, match="end"):  # a source without end() cannot be made
+        Half()
+
+
+def test_rank_gpu_uuid_from_torch(monkeypatch):
+    """The rank's GPU by UUID as torch reports it (run.py's device -> UUID), GPU- prefixed."""
+    import torch
+
+    assert hw_nvml.gpu_uuids("cpu") == []
+    seen = []
+
+    def props(device):
+        seen.append(device)
+        return type("P", (), {"uuid": "4f0e1b3c-aaaa-bbbb-cccc-000000000001"})()
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    assert hw_nvml.gpu_uuids("cuda:1") == ["GPU-4f0e1b3c-aaaa-bbbb-cccc-000000000001"]
+    assert seen == [torch.device("cuda:1")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert hw_nvml.torch_uuids() == ["GPU-4f0e1b3c-aaaa-bbbb-cccc-000000000001"] * 2
+    assert seen[1:] == [0, 1]
+
+
 def test_energy_delta_by_uuid(fake_nvml):
     mod = fake_nvml(fake_pynvml.h100s(2))
     g1 = mod.fake_gpus[1]
@@ -162,14 +199,14 @@ def test_gpu_snapshot_and_job_environment(fake_nvml):
 
     mod = fake_nvml(fake_pynvml.h100s(2))
     g = mod.fake_gpus[1]
-    (snap,) = envinfo.gpu_snapshot([g.uuid])
+    (snap,) = hw_nvml.gpu_snapshot([g.uuid])
     assert snap["index"] == 1 and snap["pci_bus_id"] == g.pci_bus_id
     assert snap["memory_total_bytes"] == 80 * 2**30 and snap["power_limit_mw"] == 700_000
     assert snap["max_sm_clock_mhz"] == 1980 and snap["compute_capability"] == [9, 0]
     assert snap["driver"] == "580.95.05" and snap["cuda_driver_version"] == 13000
     assert not [k for k in snap if k.endswith("_error")]
     g.temperature_c = 71
-    end = envinfo.gpu_snapshot([g.uuid])
+    end = hw_nvml.gpu_snapshot([g.uuid])
     # Two ranks on two nodes; rank 1 shares node0's GPU (counted once).
     starts = [
         {"rank": 0, "host": "node0", "local_rank": 0, "gpus": [snap],

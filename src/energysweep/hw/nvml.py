@@ -227,7 +227,8 @@ SYSTEM_QUERIES = [
 ]
 
 
-def _text(value):
+def _decoded(value):
+    """bytes from older nvidia-ml-py as str; any other value (numbers, structs) unchanged."""
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -247,7 +248,7 @@ def gpu_snapshot(uuids: list[str]) -> list[dict]:
         system = {}
         for key, fn in SYSTEM_QUERIES:
             try:
-                system[key] = _text(getattr(pynvml, fn)())
+                system[key] = _decoded(getattr(pynvml, fn)())
             except Exception as exc:
                 system[key], system[f"{key}_error"] = None, type(exc).__name__
         for uuid in uuids:
@@ -260,7 +261,7 @@ def gpu_snapshot(uuids: list[str]) -> list[dict]:
             for key, fn, consts, post in GPU_QUERIES:
                 try:  # one unsupported query must not lose the rest
                     args = [getattr(pynvml, c) for c in consts]
-                    value = _text(getattr(pynvml, fn)(handle, *args))
+                    value = _decoded(getattr(pynvml, fn)(handle, *args))
                     info[key] = post(value) if post else value
                 except Exception as exc:
                     info[key], info[f"{key}_error"] = None, type(exc).__name__

@@ -30,21 +30,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 def use_nvml() -> tuple[list[str], str]:
     """(GPU UUIDs to sample, which NVML) — real if it works here, else the tests' fake."""
-    from energysweep.energy import nvml as es_nvml
+    from energysweep.hw import nvml as hw_nvml
 
     try:
-        es_nvml.pynvml.nvmlInit()
-        count = es_nvml.pynvml.nvmlDeviceGetCount()
-        uuids = (
-            [
-                es_nvml._str(
-                    es_nvml.pynvml.nvmlDeviceGetUUID(es_nvml.pynvml.nvmlDeviceGetHandleByIndex(0))
-                )
-            ]
-            if count
-            else []
-        )
-        es_nvml.pynvml.nvmlShutdown()
+        with hw_nvml.session():
+            uuids = [hw_nvml.uuid_at(0)] if hw_nvml.device_count() else []
         if uuids:
             return uuids, "real NVML"
     except Exception:
@@ -53,7 +43,7 @@ def use_nvml() -> tuple[list[str], str]:
     import fake_pynvml
 
     fake = fake_pynvml.make_fake(fake_pynvml.h100s(1))
-    es_nvml.pynvml = fake
+    hw_nvml.pynvml = fake
     return [fake.fake_gpus[0].uuid], "fake NVML (no GPU here: Python-side cost only)"
 
 

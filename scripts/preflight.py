@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
 from energysweep import preflight  # noqa: E402
+from energysweep.hw import nvml as hw_nvml  # noqa: E402
 from energysweep.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
@@ -16,7 +17,7 @@ with step_log(sm.log[0], sm.rule):
         max_idle_std_w=sm.params.max_idle_std_w,
         throttle_reasons=sm.params.throttle_reasons,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        torch_uuids=preflight.torch_uuids,
+        torch_uuids=hw_nvml.torch_uuids,
     )
     out = Path(sm.output[0])
     preflight.write_report(report, out.parent)  # results/preflight/<host>.json

@@ -36,7 +36,7 @@ def fake_nvml(monkeypatch):
     def install(gpus, init_error=None):
         mod = fake_pynvml.make_fake(gpus, init_error)
         monkeypatch.setitem(sys.modules, "pynvml", mod)
-        import energysweep.energy.nvml as nvml
+        import energysweep.hw.nvml as nvml
 
         monkeypatch.setattr(nvml, "pynvml", mod)
         return mod

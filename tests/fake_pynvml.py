@@ -1,8 +1,11 @@
 """A fake ``pynvml`` for machines without a GPU, built from the real module.
 
 Constants and error classes are the real module's (``pynvml.NVMLError(code)`` builds the real
-subclass); only the functions we call are replaced. ``tests/unit/test_fake_pynvml_contract.py``
-fails if a faked function disappears from, or changes its parameters in, the real pynvml.
+subclass); only the functions we call are replaced. The ``fake_nvml`` fixture (tests/conftest.py)
+installs it as ``energysweep.hw.nvml.pynvml``, the one place src imports pynvml. The contract test
+``tests/unit/test_nvml.py::test_fake_matches_real_api`` fails if a faked function disappears from,
+or changes its parameters in, the real pynvml; ``test_everything_energysweep_calls_is_faked``
+fails if src calls a function the fake lacks.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Environment snapshot: what a figure needs to be traced to its software, hardware and job."""
+"""Environment snapshot: what a figure needs to be traced to its software, hardware and job.
+
+The GPUs' part (identity, limits, clocks, temperature) is queried in
+:func:`energysweep.hw.nvml.gpu_snapshot`; this module adds software, host and scheduler facts
+and folds every rank's snapshots into one job record and its flat rows.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import sys
 from pathlib import Path
 
 from energysweep import __version__
+from energysweep.hw.nvml import gpu_snapshot
 
 PACKAGES = [
     "torch",
@@ -38,24 +44,18 @@ SLURM_VARS = [
 ]
 
 
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
+
+
 def code_version(repo: str | Path | None = None) -> str:
     """``<package version>+g<commit>[.dirty]``; ``+unknown`` outside a git checkout."""
     repo = Path(repo or Path(__file__).resolve().parents[2])
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        commit = _git(repo, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return f"{__version__}+unknown"
     return f"{__version__}+g{commit}" + (".dirty" if dirty else "")
@@ -105,72 +105,6 @@ def cpu_model() -> str | None:
 
 def slurm_env() -> dict[str, str | None]:
     return {k: os.environ.get(k) for k in SLURM_VARS}
-
-
-# (key, pynvml function, pynvml constants passed after the handle, post-processing).
-GPU_QUERIES = [
-    ("index", "nvmlDeviceGetIndex", (), int),
-    ("name", "nvmlDeviceGetName", (), None),
-    ("pci_bus_id", "nvmlDeviceGetPciInfo_v3", (), lambda v: v.busId),
-    ("memory_total_bytes", "nvmlDeviceGetMemoryInfo", (), lambda v: int(v.total)),
-    ("power_limit_mw", "nvmlDeviceGetPowerManagementLimit", (), int),
-    ("enforced_power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit", (), int),
-    ("sm_clock_mhz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), int),
-    ("mem_clock_mhz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), int),
-    ("max_sm_clock_mhz", "nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_SM",), int),
-    ("max_mem_clock_mhz", "nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_MEM",), int),
-    ("temperature_c", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), int),
-    ("compute_capability", "nvmlDeviceGetCudaComputeCapability", (), list),
-]
-SYSTEM_QUERIES = [
-    ("driver", "nvmlSystemGetDriverVersion"),
-    ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion"),
-]
-
-
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def gpu_snapshot(uuids: list[str]) -> list[dict]:
-    """Per-GPU identity and state via NVML, by UUID; empty when NVML is unavailable.
-
-    A query a GPU does not support leaves that key ``None`` and adds ``<key>_error``.
-    """
-    if not uuids:
-        return []
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    out = []
-    try:
-        system = {}
-        for key, fn in SYSTEM_QUERIES:
-            try:
-                system[key] = _text(getattr(pynvml, fn)())
-            except Exception as exc:
-                system[key], system[f"{key}_error"] = None, type(exc).__name__
-        for uuid in uuids:
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            except Exception as exc:
-                out.append({"uuid": uuid, "error": type(exc).__name__, **system})
-                continue
-            info = {"uuid": uuid}
-            for key, fn, consts, post in GPU_QUERIES:
-                try:  # one unsupported query must not lose the rest
-                    args = [getattr(pynvml, c) for c in consts]
-                    value = _text(getattr(pynvml, fn)(handle, *args))
-                    info[key] = post(value) if post else value
-                except Exception as exc:
-                    info[key], info[f"{key}_error"] = None, type(exc).__name__
-            out.append({**info, **system})
-    finally:
-        pynvml.nvmlShutdown()
-    return out
 
 
 def snapshot(gpu_uuids: list[str] | None = None) -> dict:

@@ -33,38 +33,19 @@ import sys
 import time
 from pathlib import Path
 
-from energysweep.energy import nvml as es_nvml
+from energysweep.hw import nvml as hw_nvml
 from energysweep.recheck import CLOCK_EVENT_REASONS, reason_names
 
 OK, FAIL, WARN, UNAVAILABLE, SKIPPED = "ok", "fail", "warn", "unavailable", "skipped"
 
 
-def _str(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def torch_uuids() -> list[str] | None:
-    """UUIDs of the CUDA devices torch sees (None where torch has no CUDA)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    out = []
-    for i in range(torch.cuda.device_count()):
-        u = str(torch.cuda.get_device_properties(i).uuid)
-        out.append(u if u.startswith("GPU-") else f"GPU-{u}")
-    return out
-
-
-def probe_gpu(pynvml, handle, seconds: float, max_idle_std_w: float, throttle_mask: int,
+def probe_gpu(handle, seconds: float, max_idle_std_w: float, throttle_mask: int,
               clock=time.monotonic) -> dict:
     """Counter, idle power and clocks of one GPU, polled for ``seconds``."""
     out: dict = {}
     changes, latencies, powers = [], [], []
     try:
-        last = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+        last = hw_nvml.energy_mj(handle)
     except Exception as exc:
         out["counter"] = {"status": FAIL, "detail": f"no energy counter: {type(exc).__name__}"}
         last = None
@@ -74,13 +55,13 @@ def probe_gpu(pynvml, handle, seconds: float, max_idle_std_w: float, throttle_ma
     while clock() - start < seconds:
         if last is not None:
             t0 = time.perf_counter()
-            value = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+            value = hw_nvml.energy_mj(handle)
             latencies.append(time.perf_counter() - t0)
             if value != last:
                 changes.append(clock())
                 last = value
         if clock() >= next_power:  # power at 10 Hz, as the sampler reads it
-            powers.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
+            powers.append(hw_nvml.power_mw(handle) / 1e3)
             next_power += 0.1
         time.sleep(0.001)
     elapsed = clock() - start
@@ -113,13 +94,12 @@ def probe_gpu(pynvml, handle, seconds: float, max_idle_std_w: float, throttle_ma
         }
     clocks: dict = {}
     try:
-        clocks["sm_clock_mhz"] = int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        clocks["max_sm_clock_mhz"] = int(pynvml.nvmlDeviceGetMaxClockInfo(
-            handle, pynvml.NVML_CLOCK_SM))
+        clocks["sm_clock_mhz"] = hw_nvml.sm_clock_mhz(handle)
+        clocks["max_sm_clock_mhz"] = hw_nvml.max_sm_clock_mhz(handle)
     except Exception as exc:
         clocks["clock_error"] = f"{type(exc).__name__}: {exc}"
     try:
-        mask = int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        mask = hw_nvml.clock_event_reasons(handle)
         clocks["clock_event_reasons"] = mask
         clocks["clock_event_reason_names"] = reason_names(mask)
         clocks["status"] = FAIL if mask & throttle_mask else OK
@@ -136,7 +116,7 @@ def _zeus_check(uuids: list[str], seconds: float) -> dict:
     """Zeus and NVML over the same window (the sweep's cross-check source), where Zeus is."""
     import importlib.util
 
-    from energysweep.energy import CrossCheckSource
+    from energysweep.energy.crosscheck import CrossCheckSource
     from energysweep.energy.nvml import NvmlSource
 
     if importlib.util.find_spec("zeus") is None:
@@ -162,7 +142,8 @@ def _zeus_check(uuids: list[str], seconds: float) -> dict:
 
 
 def _rapl_check(root=None) -> dict:
-    from energysweep.energy.rapl import POWERCAP, make_host_source
+    from energysweep.energy.rapl import make_host_source
+    from energysweep.hw.rapl import POWERCAP
 
     try:
         src = make_host_source("rapl", 0, root or POWERCAP)
@@ -188,7 +169,6 @@ def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0
             NVML works); each must be found in NVML.
         zeus: also compare Zeus with NVML where Zeus is installed.
     """
-    pynvml = es_nvml.pynvml
     mask = sum(CLOCK_EVENT_REASONS[n] for n in throttle_reasons)
     report: dict = {"host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                         time.gmtime()),
@@ -197,19 +177,19 @@ def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0
     checks["rapl"] = _rapl_check(rapl_root)
     gpu_problem = None
     try:
-        pynvml.nvmlInit()
+        hw_nvml.init()
     except Exception as exc:
         checks["nvml"] = {"status": UNAVAILABLE, "detail": f"{type(exc).__name__}: {exc}"}
         gpu_problem = f"NVML cannot be loaded ({type(exc).__name__}): no GPU or no driver"
     if gpu_problem is None:
         try:
             checks["nvml"] = {"status": OK,
-                              "driver": _str(pynvml.nvmlSystemGetDriverVersion()),
-                              "detail": f"{pynvml.nvmlDeviceGetCount()} GPU(s) visible to NVML"}
-            gpu_problem = _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask,
+                              "driver": hw_nvml.driver_version(),
+                              "detail": f"{hw_nvml.device_count()} GPU(s) visible to NVML"}
+            gpu_problem = _probe_gpus(report, seconds, max_idle_std_w, mask,
                                       cuda_visible_devices, torch_uuids, zeus)
         finally:
-            pynvml.nvmlShutdown()
+            hw_nvml.shutdown()
     report["has_gpu"] = bool(report["gpus"])
     report["gpu_energy"] = {"ok": gpu_problem is None,
                             "detail": gpu_problem or "every allocated GPU's counter advances"}
@@ -222,17 +202,16 @@ def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0
     return report
 
 
-def _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask, cvd, torch_uuids,
+def _probe_gpus(report, seconds, max_idle_std_w, mask, cvd, torch_uuids,
                 zeus) -> str | None:
     checks = report["checks"]
     try:
-        allocated = es_nvml.resolve_visible_gpus(cvd)
+        allocated = hw_nvml.resolve_visible_gpus(cvd)
         missing = []
     except ValueError as exc:
         checks["gpus"] = {"status": FAIL, "detail": str(exc)}
         return f"allocated GPUs cannot be resolved: {exc}"
-    nvml_uuids = {_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                  for i in range(pynvml.nvmlDeviceGetCount())}
+    nvml_uuids = set(hw_nvml.all_uuids())
     if callable(torch_uuids):  # only where NVML works: importing torch takes seconds
         torch_uuids = torch_uuids()
     if torch_uuids:
@@ -250,11 +229,11 @@ def _probe_gpus(pynvml, report, seconds, max_idle_std_w, mask, cvd, torch_uuids,
                           "detail": f"{len(allocated)} allocated GPU(s) found in NVML by UUID"}
     gpus = []
     for uuid in allocated:
-        h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        g = {"uuid": uuid, "index": int(pynvml.nvmlDeviceGetIndex(h)),
-             "name": _str(pynvml.nvmlDeviceGetName(h)),
-             "pci_bus_id": _str(pynvml.nvmlDeviceGetPciInfo_v3(h).busId)}
-        g.update(probe_gpu(pynvml, h, seconds, max_idle_std_w, mask))
+        h = hw_nvml.handle_by_uuid(uuid)
+        ident = hw_nvml.identity(h)
+        g = {"uuid": uuid, "index": ident["index"], "name": ident["name"],
+             "pci_bus_id": ident["pci"]}
+        g.update(probe_gpu(h, seconds, max_idle_std_w, mask))
         gpus.append({**g, "handle": h})
     if not zeus:
         checks["zeus"] = {"status": SKIPPED, "detail": "not requested"}
@@ -314,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args.seconds, args.require, args.max_idle_std_w,
                  cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                 torch_uuids=torch_uuids)
+                 torch_uuids=hw_nvml.torch_uuids)
     write_report(report, args.out)
     print(verdict([report]))
     return 0 if report["pass"] else 1

@@ -5,6 +5,7 @@ import pytest
 
 from energysweep import energy
 from energysweep.energy import nvml as es_nvml
+from energysweep.hw import nvml as hw_nvml
 
 import fake_pynvml
 
@@ -25,15 +26,78 @@ def test_fake_matches_real_api():
 def test_everything_energysweep_calls_is_faked():
     import re
 
-    from energysweep import envinfo, preflight
-    from energysweep.energy import sampler, zeus
-
-    src = "".join(inspect.getsource(m) for m in (es_nvml, envinfo, sampler, zeus, preflight))
+    src = inspect.getsource(hw_nvml)  # the only module that calls pynvml (test below)
     called = set(re.findall(r"pynvml\.(nvml[A-Za-z0-9_]+)\(", src))
-    # envinfo calls its queries by name from tables.
-    called |= {fn for _, fn, *_ in envinfo.GPU_QUERIES + envinfo.SYSTEM_QUERIES}
+    # The environment snapshot calls its queries by name from tables.
+    called |= {fn for _, fn, *_ in hw_nvml.GPU_QUERIES + hw_nvml.SYSTEM_QUERIES}
     assert len(called) > 15
     assert called <= set(fake_pynvml.FAKED), called - set(fake_pynvml.FAKED)
+
+
+def test_only_the_hardware_layer_talks_to_nvml():
+    """pynvml is imported, and MIG slices are recognised, in energysweep.hw.nvml alone."""
+    import ast
+    from pathlib import Path
+
+    src = Path(hw_nvml.__file__).resolve().parents[1]
+    importers, mig = [], []
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            names = (
+                [a.name for a in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )
+            if any(n.split(".")[0] == "pynvml" for n in names):
+                importers.append(path.relative_to(src).as_posix())
+        if '"MIG-"' in text:
+            mig.append(path.relative_to(src).as_posix())
+    assert importers == ["hw/nvml.py"]
+    assert mig == ["hw/nvml.py"]
+
+
+def test_one_mig_refusal_names_the_slices():
+    hw_nvml.refuse_mig(None)
+    hw_nvml.refuse_mig("0,GPU-4f0e1b3c")
+    with pytest.raises(hw_nvml.MigSlice, match=r"\(MIG-a, MIG-b\): MIG slices have no energy"):
+        hw_nvml.refuse_mig("MIG-a, MIG-b")
+
+
+def test_every_source_implements_the_one_interface():
+    from energysweep.energy import cputime, crosscheck, rapl, unavailable, unreadable, zeus
+    from energysweep.energy.base import EnergySource
+
+    sources = [es_nvml.NvmlSource, zeus.ZeusSource, crosscheck.CrossCheckSource,
+               unavailable.UnavailableSource, unreadable.WithUnreadable, rapl.RaplSource,
+               rapl.UnavailableHostSource, cputime.CpuTime]
+    assert all(issubclass(cls, EnergySource) for cls in sources)
+
+    class Half(EnergySource):
+        def begin(self):
+            pass
+
+    with pytest.raises(TypeError, match="end"):  # a source without end() cannot be made
+        Half()
+
+
+def test_rank_gpu_uuid_from_torch(monkeypatch):
+    """The rank's GPU by UUID as torch reports it (run.py's device -> UUID), GPU- prefixed."""
+    import torch
+
+    assert hw_nvml.gpu_uuids("cpu") == []
+    seen = []
+
+    def props(device):
+        seen.append(device)
+        return type("P", (), {"uuid": "4f0e1b3c-aaaa-bbbb-cccc-000000000001"})()
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    assert hw_nvml.gpu_uuids("cuda:1") == ["GPU-4f0e1b3c-aaaa-bbbb-cccc-000000000001"]
+    assert seen == [torch.device("cuda:1")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert hw_nvml.torch_uuids() == ["GPU-4f0e1b3c-aaaa-bbbb-cccc-000000000001"] * 2
+    assert seen[1:] == [0, 1]
 
 
 def test_energy_delta_by_uuid(fake_nvml):
@@ -101,18 +165,18 @@ def test_resolve_visible_indices(fake_nvml, cvd, expect):
     mod = fake_nvml(fake_pynvml.h100s(4))
     mod.nvmlInit()
     uuids = [g.uuid for g in mod.fake_gpus]
-    assert es_nvml.resolve_visible_gpus(cvd) == [uuids[i] for i in expect]
+    assert hw_nvml.resolve_visible_gpus(cvd) == [uuids[i] for i in expect]
 
 
 def test_resolve_visible_uuids_and_mig(fake_nvml):
     mod = fake_nvml(fake_pynvml.h100s(4))
     mod.nvmlInit()
     uuids = [g.uuid for g in mod.fake_gpus]
-    assert es_nvml.resolve_visible_gpus(f"{uuids[2]},{uuids[0][:12]}") == [uuids[2], uuids[0]]
+    assert hw_nvml.resolve_visible_gpus(f"{uuids[2]},{uuids[0][:12]}") == [uuids[2], uuids[0]]
     with pytest.raises(ValueError, match="MIG slices have no energy counter"):
-        es_nvml.resolve_visible_gpus("MIG-4f0e1b3c-aaaa-bbbb-cccc-000000000000")
+        hw_nvml.resolve_visible_gpus("MIG-4f0e1b3c-aaaa-bbbb-cccc-000000000000")
     with pytest.raises(ValueError, match="matches 4 GPUs"):
-        es_nvml.resolve_visible_gpus("GPU-")
+        hw_nvml.resolve_visible_gpus("GPU-")
 
 
 def test_gpu_without_energy_counter(fake_nvml):
@@ -135,14 +199,14 @@ def test_gpu_snapshot_and_job_environment(fake_nvml):
 
     mod = fake_nvml(fake_pynvml.h100s(2))
     g = mod.fake_gpus[1]
-    (snap,) = envinfo.gpu_snapshot([g.uuid])
+    (snap,) = hw_nvml.gpu_snapshot([g.uuid])
     assert snap["index"] == 1 and snap["pci_bus_id"] == g.pci_bus_id
     assert snap["memory_total_bytes"] == 80 * 2**30 and snap["power_limit_mw"] == 700_000
     assert snap["max_sm_clock_mhz"] == 1980 and snap["compute_capability"] == [9, 0]
     assert snap["driver"] == "580.95.05" and snap["cuda_driver_version"] == 13000
     assert not [k for k in snap if k.endswith("_error")]
     g.temperature_c = 71
-    end = envinfo.gpu_snapshot([g.uuid])
+    end = hw_nvml.gpu_snapshot([g.uuid])
     # Two ranks on two nodes; rank 1 shares node0's GPU (counted once).
     starts = [
         {"rank": 0, "host": "node0", "local_rank": 0, "gpus": [snap],

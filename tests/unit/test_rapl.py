@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from energysweep.energy import rapl
+from energysweep.hw import rapl as hw_rapl
 
 MAX_UJ = 262_143_328_850
 
@@ -86,7 +87,7 @@ def test_unreadable_energy_is_unavailable(powercap, monkeypatch):
     def denied(zone):
         raise PermissionError(13, "Permission denied", str(zone.path / "energy_uj"))
 
-    monkeypatch.setattr(rapl._Zone, "read_uj", denied)
+    monkeypatch.setattr(hw_rapl.Zone, "read_uj", denied)
     r = rapl.make_host_source("auto", local_rank=0, root=root).end()
     assert r.status == "unavailable" and r.energy_mj is None and "root only" in r.detail
 

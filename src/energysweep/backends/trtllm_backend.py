@@ -94,32 +94,6 @@ def request_timing(completion) -> tuple[float | None, float | None, str] | None:
     return (first - arrival, tpot_s(first, last, n) if last is not None else None, METRICS_SOURCE)
 
 
-class _WithUnreadable:
-    """An energy source plus one unavailable reading per GPU it cannot reach (other nodes)."""
-
-    def __init__(self, inner, missing: int, reason: str):
-        self.inner = inner
-        self.missing = missing
-        self.reason = reason
-        self.name = getattr(inner, "name", "nvml")
-
-    def begin(self) -> None:
-        self.inner.begin()
-
-    def end(self):
-        from energysweep.energy import STATUS_UNAVAILABLE, GpuReading
-
-        method = getattr(self.inner, "name", "nvml")
-        extra = [
-            GpuReading(None, None, None, None, None, STATUS_UNAVAILABLE, method, self.reason)
-            for _ in range(self.missing)
-        ]
-        return self.inner.end() + extra
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 class TrtllmBackend(EngineBackend):
     """One DP replica of TensorRT-LLM (its workers are the engine's MPI processes)."""
 
@@ -147,19 +121,17 @@ class TrtllmBackend(EngineBackend):
 
         Empty where NVML cannot be read: the energy source then records why (never 0).
         """
-        import pynvml
-
-        from energysweep.energy.nvml import resolve_visible_gpus
+        from energysweep.hw import nvml as hw_nvml
 
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            hw_nvml.init()
+        except hw_nvml.NVMLError as exc:
             print(f"no GPU energy for this replica: NVML: {exc}")
             return []
         try:
-            uuids = resolve_visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            uuids = hw_nvml.resolve_visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
         finally:
-            pynvml.nvmlShutdown()
+            hw_nvml.shutdown()
         local = self.ctx.layout.ranks_per_replica - unreadable_gpus(
             self.ctx.layout, self.gpus_per_node
         )
@@ -170,7 +142,9 @@ class TrtllmBackend(EngineBackend):
         missing = unreadable_gpus(self.ctx.layout, self.gpus_per_node)
         if not missing:
             return source
-        return _WithUnreadable(
+        from energysweep.energy.unreadable import WithUnreadable
+
+        return WithUnreadable(
             source,
             missing,
             f"GPU of a multi-node TensorRT-LLM replica on another node: not readable from MPI "

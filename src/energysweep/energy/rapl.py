@@ -1,76 +1,29 @@
-"""Host energy from Linux RAPL through powercap sysfs (``/sys/class/powercap``).
+"""Host energy from Linux RAPL (package + DRAM zones, read through :mod:`energysweep.hw.rapl`).
 
-What is read: every top-level ``intel-rapl:N`` zone named ``package-*`` (one per CPU socket;
-the AMD driver exposes the same layout) and its ``dram`` subzone where present. ``psys`` and
-the ``intel-rapl-mmio`` duplicates are skipped so nothing is counted twice. Only local rank 0
-of each node reads it (the counters are per node), see :func:`make_host_source`.
-
-Facts this relies on:
-- ``energy_uj`` is cumulative µJ and wraps at ``max_energy_range_uj``; one wrap per window is
-  corrected, more cannot be detected (a 262 kJ range wraps after ~20 min at 200 W, far longer
-  than a window).
-- Since Linux 5.10 (CVE-2020-8694) ``energy_uj`` is readable by root only on most distributions;
-  a permission error is *unavailable*, never 0.
+Only local rank 0 of each node reads it (the counters are per node), see
+:func:`make_host_source`. An unreadable counter (root only since Linux 5.10, CVE-2020-8694) or
+a machine without RAPL is *unavailable*, never 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from energysweep.energy import STATUS_MEASURED, STATUS_NOT_READ, STATUS_UNAVAILABLE, wall_ns
+from energysweep.energy.base import (
+    STATUS_MEASURED,
+    STATUS_NOT_READ,
+    STATUS_UNAVAILABLE,
+    EnergySource,
+    HostReading,
+    wall_ns,
+)
+from energysweep.hw.rapl import POWERCAP, delta_uj, find_zones
 
-POWERCAP = Path("/sys/class/powercap")
 METHOD = "rapl-powercap"
 HOST_SOURCES = ("auto", "rapl", "none")
 
 
-@dataclass
-class HostReading:
-    """Energy of one node's CPU packages (and DRAM) over one window."""
-
-    energy_mj: float | None
-    dram_energy_mj: float | None
-    status: str
-    method: str
-    detail: str = ""
-
-
-@dataclass
-class _Zone:
-    path: Path
-    name: str
-    max_uj: int
-
-    def read_uj(self) -> int:
-        return int((self.path / "energy_uj").read_text().strip())
-
-
-def find_zones(root: Path = POWERCAP) -> tuple[list[_Zone], list[_Zone]]:
-    """(package zones, dram zones) under ``root``; empty lists where RAPL is not exposed."""
-    packages, drams = [], []
-    if not root.is_dir():
-        return packages, drams
-    for top in sorted(root.glob("intel-rapl:*")):
-        if top.name.count(":") != 1 or not (top / "name").is_file():
-            continue
-        if not top.name.split(":")[1].isdigit():
-            continue
-        name = (top / "name").read_text().strip()
-        if not name.startswith("package"):
-            continue  # psys (platform) overlaps the packages
-        packages.append(_Zone(top, name, int((top / "max_energy_range_uj").read_text())))
-        for sub in sorted(top.glob(f"{top.name}:*")):
-            if (sub / "name").is_file() and (sub / "name").read_text().strip() == "dram":
-                drams.append(_Zone(sub, "dram", int((sub / "max_energy_range_uj").read_text())))
-    return packages, drams
-
-
-def _delta_uj(start: int, end: int, max_uj: int) -> int:
-    return end - start if end >= start else end + max_uj - start
-
-
-class RaplSource:
+class RaplSource(EnergySource[HostReading]):
     """Package (+ DRAM) energy of this node over a window."""
 
     name = "rapl"
@@ -96,11 +49,11 @@ class RaplSource:
         pkg_end, dram_end = self._read()
         pkg_start, dram_start = self._start
         pkg = sum(
-            _delta_uj(a, b, z.max_uj)
+            delta_uj(a, b, z.max_uj)
             for z, a, b in zip(self.packages, pkg_start, pkg_end, strict=True)
         )
         dram = sum(
-            _delta_uj(a, b, z.max_uj)
+            delta_uj(a, b, z.max_uj)
             for z, a, b in zip(self.drams, dram_start, dram_end, strict=True)
         )
         names = ",".join(z.name for z in self.packages)
@@ -116,7 +69,7 @@ class RaplSource:
         pass
 
 
-class UnavailableHostSource:
+class UnavailableHostSource(EnergySource[HostReading]):
     """Host energy not read here; every window says why."""
 
     name = "none"

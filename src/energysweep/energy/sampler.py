@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from energysweep.energy import STATUS_MEASURED, STATUS_UNAVAILABLE
-from energysweep.energy import nvml as es_nvml
+from energysweep.energy.base import STATUS_MEASURED, STATUS_UNAVAILABLE
+from energysweep.hw import nvml as hw_nvml
 
 FILENAME = "power.parquet"
 STATUS_DISABLED = "disabled"
@@ -69,9 +69,8 @@ class PowerSampler:
         if not gpu_uuids:
             self._status_rows.append(self._status(STATUS_UNAVAILABLE, "no GPU in use"))
             return
-        pynvml = es_nvml.pynvml
         try:
-            pynvml.nvmlInit()
+            hw_nvml.init()
         except Exception as exc:  # NVMLError subclasses: missing driver, no permission
             self._status_rows.append(
                 self._status(STATUS_UNAVAILABLE, f"NVML unavailable: {type(exc).__name__}: {exc}")
@@ -79,10 +78,10 @@ class PowerSampler:
             return
         try:
             for uuid in gpu_uuids:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                self._gpus.append((uuid, int(pynvml.nvmlDeviceGetIndex(handle)), handle))
+                handle = hw_nvml.handle_by_uuid(uuid)
+                self._gpus.append((uuid, hw_nvml.device_index(handle), handle))
         except Exception as exc:
-            pynvml.nvmlShutdown()
+            hw_nvml.shutdown()
             self._gpus = []
             self._status_rows.append(
                 self._status(STATUS_UNAVAILABLE, f"GPU not found by NVML: {type(exc).__name__}")
@@ -107,24 +106,21 @@ class PowerSampler:
 
     def sample_once(self) -> None:
         """Append one sample per GPU (errors become rows with status ``error``)."""
-        pynvml = es_nvml.pynvml
         now = time.time_ns()
         for uuid, index, handle in self._gpus:
             row = {**self.base, "gpu_uuid": uuid, "gpu_index": index, "time_ns": now}
             try:
-                row["power_mw"] = int(pynvml.nvmlDeviceGetPowerUsage(handle))
+                row["power_mw"] = hw_nvml.power_mw(handle)
                 row["status"], row["detail"] = STATUS_MEASURED, None
             except Exception as exc:
                 row["power_mw"] = None
                 row["status"], row["detail"] = STATUS_ERROR, f"{type(exc).__name__}: {exc}"
             try:
-                row["energy_counter_mj"] = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+                row["energy_counter_mj"] = hw_nvml.energy_mj(handle)
             except Exception:
                 row["energy_counter_mj"] = None  # pre-Volta: power only
             try:  # why clocks are below maximum (energysweep.validity flags throttling)
-                row["clock_event_reasons"] = int(
-                    pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
-                )
+                row["clock_event_reasons"] = hw_nvml.clock_event_reasons(handle)
             except Exception:
                 row["clock_event_reasons"] = None
             self.samples.append(row)
@@ -155,7 +151,7 @@ class PowerSampler:
             self._thread = None
             self.sample_once()
         if self._gpus:
-            es_nvml.pynvml.nvmlShutdown()
+            hw_nvml.shutdown()
             self._gpus = []
         return self._status_rows + self.samples
 

@@ -21,13 +21,9 @@ import itertools
 import os
 import warnings
 
-from energysweep.energy import (
-    EnergySource,
-    GpuReading,
-    SourceUnavailable,
-    wall_ns,
-)
-from energysweep.energy import nvml as es_nvml
+from energysweep.energy.base import EnergySource, GpuReading, SourceUnavailable, wall_ns
+from energysweep.energy.nvml import CounterWentBackwards, window_reading
+from energysweep.hw import nvml as hw_nvml
 
 METHOD = "zeus-monitor"
 
@@ -39,8 +35,10 @@ def _check_visible_devices(value: str | None) -> None:
     entries = [e.strip() for e in value.split(",")]
     if not value.strip():
         raise SourceUnavailable("CUDA_VISIBLE_DEVICES is empty: Zeus would monitor no GPU")
-    if any(e.startswith("MIG-") for e in entries):
-        raise SourceUnavailable("CUDA_VISIBLE_DEVICES names MIG slices: Zeus cannot measure them")
+    try:
+        hw_nvml.refuse_mig(value)
+    except hw_nvml.MigSlice as exc:
+        raise SourceUnavailable(str(exc)) from exc
     if not all(e.lstrip("-").isdigit() for e in entries):
         raise SourceUnavailable(
             f"CUDA_VISIBLE_DEVICES={value!r} is not a list of integer indices: Zeus 0.16 parses "
@@ -48,7 +46,7 @@ def _check_visible_devices(value: str | None) -> None:
         )
 
 
-class ZeusSource(EnergySource):
+class ZeusSource(EnergySource[list[GpuReading]]):
     """One ``ZeusMonitor`` over this rank's GPUs; readings keyed by UUID."""
 
     name = "zeus"
@@ -67,30 +65,15 @@ class ZeusSource(EnergySource):
             # Zeus would happily report 0 J for every window here.
             raise SourceUnavailable("Zeus found no GPU (NVML unavailable or no device visible)")
         # Zeus index i is NVML index probe.gpus.gpus[i].gpu_index; NVML gives its UUID.
-        pynvml = es_nvml.pynvml
-        pynvml.nvmlInit()
-        try:
-            uuid_of = {}
-            for i, gpu in enumerate(probe.gpus.gpus):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.gpu_index)
-                uuid_of[i] = es_nvml._str(pynvml.nvmlDeviceGetUUID(handle))
+        with hw_nvml.session():
+            uuid_of = {i: hw_nvml.uuid_at(gpu.gpu_index) for i, gpu in enumerate(probe.gpus.gpus)}
             self._gpus = []
             for uuid in gpu_uuids:
                 hits = [i for i, u in uuid_of.items() if u == uuid]
                 if not hits:
                     raise SourceUnavailable(f"Zeus does not see GPU {uuid} (sees {uuid_of})")
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                self._gpus.append(
-                    {
-                        "zeus_index": hits[0],
-                        "uuid": uuid,
-                        "index": int(pynvml.nvmlDeviceGetIndex(handle)),
-                        "pci": es_nvml._str(pynvml.nvmlDeviceGetPciInfo_v3(handle).busId),
-                        "name": es_nvml._str(pynvml.nvmlDeviceGetName(handle)),
-                    }
-                )
-        finally:
-            pynvml.nvmlShutdown()
+                ident = hw_nvml.identity(hw_nvml.handle_by_uuid(uuid))
+                self._gpus.append({**ident, "zeus_index": hits[0], "uuid": uuid})
         self.monitor = ZeusMonitor(
             gpu_indices=[g["zeus_index"] for g in self._gpus],
             cpu_indices=[],
@@ -116,8 +99,8 @@ class ZeusSource(EnergySource):
             if joules is None:
                 raise SourceUnavailable(f"Zeus returned no energy for GPU {g['uuid']}")
             if joules < 0:
-                raise es_nvml.CounterWentBackwards(
+                raise CounterWentBackwards(
                     f"Zeus reports {joules} J for {g['uuid']}: the NVML counter went backwards"
                 )
-            readings.append(es_nvml.window_reading(g, joules * 1e3, duration, METHOD, self.name))
+            readings.append(window_reading(g, joules * 1e3, duration, METHOD, self.name))
         return readings

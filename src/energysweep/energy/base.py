@@ -1,0 +1,89 @@
+"""The interface every energy source implements, and the readings and statuses they return.
+
+A source measures *windows*: ``begin()`` at the window's start edge, ``end()`` at its end edge.
+GPU sources return one :class:`GpuReading` per GPU they measured, host sources one
+:class:`HostReading` per node. Where nothing could be measured a reading's energy is ``None``
+and its ``status`` says why: never 0.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+STATUS_MEASURED = "measured"
+STATUS_UNAVAILABLE = "unavailable"
+# The counter moved less often than the window was long: the value may read 0 J or one tick.
+STATUS_SHORT_WINDOW = "short-window"
+# Zeus columns of rows whose source is not cross-check (nothing was asked of Zeus).
+STATUS_NOT_REQUESTED = "not-requested"
+# Host energy columns of ranks other than local rank 0 (the host is read once per node).
+STATUS_NOT_READ = "not-read"
+# Job-level measurements (idle baseline, host energy) that a scenario does not take.
+STATUS_NOT_MEASURED = "not-measured"
+
+
+@dataclass
+class GpuReading:
+    """Energy of one GPU over one window."""
+
+    gpu_uuid: str | None
+    gpu_index: int | None
+    gpu_pci_bus_id: str | None
+    gpu_name: str | None
+    energy_mj: float | None
+    status: str
+    method: str
+    detail: str = ""
+    # Cross-check only: Zeus's figure for the same GPU and window.
+    energy_mj_zeus: float | None = None
+    zeus_status: str = STATUS_NOT_REQUESTED
+    # Which source produced the reading (the shard column energy_source).
+    source: str = "none"
+
+
+@dataclass
+class HostReading:
+    """Energy of one node's CPU packages (and DRAM) over one window."""
+
+    energy_mj: float | None
+    dram_energy_mj: float | None
+    status: str
+    method: str
+    detail: str = ""
+
+
+class SourceUnavailable(RuntimeError):
+    """A source cannot measure here (no GPU, no driver, unsupported setup); the text says why."""
+
+
+ReadingT = TypeVar("ReadingT")
+
+
+class EnergySource(ABC, Generic[ReadingT]):
+    """One instance per rank, reused for every window of a job.
+
+    ``ReadingT`` is what a window gives: ``list[GpuReading]`` for GPU sources, a
+    :class:`HostReading` for host sources, CPU seconds for :class:`~.cputime.CpuTime`.
+    """
+
+    name = "base"
+    available = True
+
+    @abstractmethod
+    def begin(self) -> None:
+        """Read the counters at the window's start edge."""
+
+    @abstractmethod
+    def end(self) -> ReadingT:
+        """Read the counters at the window's end edge; the window's reading."""
+
+    def close(self) -> None:
+        """Release the library handle (idempotent)."""
+
+
+def wall_ns() -> int:
+    """Wall-clock time in ns since the epoch (window bounds must line up across ranks and hosts)."""
+    return time.time_ns()

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from energysweep import dist, procs, shards
 from energysweep.grid import ParallelLayout
-from energysweep.measure.monitor import JobMonitor, rank_gpu_uuids
+from energysweep.hw import nvml as hw_nvml
+from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.window import finalize_window
 from energysweep.scenarios.base import Scenario, collective_timeout_s
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     check_job(
         spec["measurement"],
         ctx.device,
-        rank_gpu_uuids(ctx.device),
+        hw_nvml.gpu_uuids(ctx.device),
         ctx.local_rank,
         ctx.rank,
         ctx.host,

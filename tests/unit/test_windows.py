@@ -12,7 +12,7 @@ from energysweep import dist, shards
 from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.grid import ParallelLayout
-from energysweep.measure import monitor as es_monitor
+from energysweep.hw import nvml as hw_nvml
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
 from energysweep.measure.window import finalize_window
@@ -147,7 +147,7 @@ def gpu_rank(fake_nvml, monkeypatch, tmp_path):
     LlamaConfig(**TINY).save_pretrained(tmp_path)  # the checkpoint's config.json, no weights
     mod = fake_nvml(fake_pynvml.h100s(2))
     gpu = mod.fake_gpus[1]
-    monkeypatch.setattr(es_monitor, "rank_gpu_uuids", lambda device: [gpu.uuid])
+    monkeypatch.setattr(hw_nvml, "gpu_uuids", lambda device: [gpu.uuid])
     monkeypatch.setattr(es_nvml, "COUNTER_UPDATE_PERIOD_NS", 0)  # real wall time is ~0 here
     clock = Clock(gpu)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from energysweep import dist
+from energysweep.hw import nvml as hw_nvml
 from energysweep.energy import (
     STATUS_NOT_MEASURED,
     STATUS_NOT_READ,
@@ -13,16 +14,6 @@ from energysweep.energy import (
     make_source,
     wall_ns,
 )
-
-
-def rank_gpu_uuids(device: str) -> list[str]:
-    """UUID of the GPU this rank computes on, from torch (never by index: NVML order differs)."""
-    if not device.startswith("cuda"):
-        return []
-    import torch
-
-    uuid = str(torch.cuda.get_device_properties(torch.device(device)).uuid)
-    return [uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"]
 
 
 def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
@@ -57,7 +48,7 @@ class JobMonitor:
         # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
         self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
         if self.gpu_uuids is None:
-            self.gpu_uuids = rank_gpu_uuids(ctx.device)
+            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device)
         self.energy = make_source(self.m["energy_source"], ctx.device, self.gpu_uuids)
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
@@ -81,7 +72,7 @@ class JobMonitor:
             "rank": self.ctx.rank,
             "host": self.ctx.host,
             "local_rank": self.ctx.local_rank,
-            "gpus": envinfo.gpu_snapshot(self.gpu_uuids),
+            "gpus": hw_nvml.gpu_snapshot(self.gpu_uuids),
         }
         if with_host:
             out["host_info"] = envinfo.snapshot() if self.ctx.local_rank == 0 else None

@@ -37,7 +37,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from energysweep import shards, validity
+from energysweep import validity
+from energysweep.tables import io as tables_io
+from energysweep.tables import shards
 
 POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
 WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
@@ -980,7 +982,7 @@ def aggregate(
             _swap_in(tmp_path, out)
         staged = []
     except OSError as exc:  # a full disk, say: name the output (pyarrow's errors do not)
-        raise shards.write_error(exc, writing) from exc
+        raise tables_io.write_error(exc, writing) from exc
     finally:
         for tmp_path, _ in staged:
             if tmp_path.is_dir():

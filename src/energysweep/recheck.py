@@ -32,23 +32,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
-WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
-POWER_FILE = "power.parquet"
-
-# NVML clock event reason bits (nvmlClocksEventReason*, the real pynvml's values; the unit test
-# checks them against pynvml), by the names config key validity.throttle_reasons uses.
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-    "display_clock_setting": 0x100,
-}
+from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, power_files, reason_names
+from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 
 # Status of a re-check row.
 OK = "ok"
@@ -63,41 +48,6 @@ VALIDATION_COLUMNS = [
     "samples", "max_sample_gap_s", "power_std_w", "observed_counter_period_s",
     "counter_stuck", "clock_event_reasons", "clock_event_reason_names", "status", "detail",
 ]
-
-
-def reason_names(mask) -> str:
-    """``a,b`` names of the clock event reason bits set in ``mask`` ("" for none or null)."""
-    if mask is None or (isinstance(mask, float) and np.isnan(mask)) or pd.isna(mask):
-        return ""
-    m = int(mask)
-    return ",".join(n for n, bit in CLOCK_EVENT_REASONS.items() if m & bit)
-
-
-def power_files(shards_dir: str | Path) -> list[Path]:
-    """Every job's power.parquet under ``shards_dir`` (results/shards)."""
-    return sorted(Path(shards_dir).rglob(POWER_FILE))
-
-
-def load_power(paths: list[str | Path]) -> pd.DataFrame:
-    """The measured power samples of ``paths`` (status rows without a sample are dropped).
-
-    A GPU shared by two ranks is sampled by both; a sample is kept once per (job, GPU, time).
-    """
-    import pyarrow.parquet as pq
-
-    cols = ["job_id", "gpu_uuid", "time_ns", "power_mw", "energy_counter_mj",
-            "clock_event_reasons"]
-    frames = []
-    for p in paths:
-        t = pq.read_table(p)
-        if "clock_event_reasons" not in t.column_names:  # written before the column existed
-            t = t.append_column("clock_event_reasons", pa.nulls(t.num_rows, pa.int64()))
-        frames.append(t.select(cols).to_pandas())
-    if not frames:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    power = pd.concat(frames, ignore_index=True)
-    power = power[power["gpu_uuid"].notna() & power["time_ns"].notna()]
-    return power.drop_duplicates(["job_id", "gpu_uuid", "time_ns"]).reset_index(drop=True)
 
 
 def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
@@ -418,7 +368,7 @@ ROW_COLUMNS = [*WINDOW_KEYS, "status", "window_start_ns", "window_end_ns", "gpu_
 
 def write(table: pd.DataFrame, path: str | Path) -> None:
     """Write the validation table atomically (Parquet)."""
-    from energysweep.shards import write_atomic
+    from energysweep.tables.io import write_atomic
 
     write_atomic(pa.Table.from_pandas(table, preserve_index=False), path)
 

@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from energysweep import dist, faults, procs, shards
+from energysweep import dist, faults, procs
 from energysweep.energy import (
     STATUS_NOT_MEASURED,
     STATUS_NOT_READ,
@@ -36,6 +36,8 @@ from energysweep.energy import (
     wall_ns,
 )
 from energysweep.grid import ParallelLayout, expected_processes, launch_mode
+from energysweep.tables import io as tables_io
+from energysweep.tables import shards
 
 PHASE_GENERATE = "generate"
 PHASE_PREFILL = "prefill"
@@ -607,7 +609,7 @@ def _write_generations(generations: list[list[dict]], path: str) -> None:
                           ("iteration", pa.int32()), ("prompt_index", pa.int32()),
                           ("token_ids", pa.list_(pa.int32()))]),
     )
-    shards.write_atomic(table, path)
+    tables_io.write_atomic(table, path)
 
 
 def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds: dict,
@@ -631,7 +633,7 @@ def _write_job_record(spec: dict, audits: list[dict], monitor: JobMonitor, seeds
         "job_table_rows": job_table_rows,
         "schema_version": shards.SCHEMA_VERSION,
     }
-    shards.write_text_atomic(json.dumps(record, indent=2, default=str),
+    tables_io.write_text_atomic(json.dumps(record, indent=2, default=str),
                              spec["outputs"]["job_json"])
 
 
@@ -657,7 +659,7 @@ def _gather_to_rank0(obj) -> list | None:
 
 def power_path(outputs: dict) -> Path:
     """Where the job's power timeline goes: outputs["power"], else power.parquet by job.json."""
-    from energysweep.energy.sampler import FILENAME
+    from energysweep.tables.power import FILENAME
 
     return Path(outputs.get("power") or Path(outputs["job_json"]).with_name(FILENAME))
 
@@ -704,12 +706,12 @@ def main(argv: list[str] | None = None) -> int:
             gathered = dist.gather(rows)
             if ctx.rank == 0:
                 table = shards.to_table(_finalize_window(gathered))
-                shards.write_atomic(table, outputs["shards"][str(bs)][rep])
+                tables_io.write_atomic(table, outputs["shards"][str(bs)][rep])
                 job_tables.append(table)
     if ctx.rank == 0 and outputs.get("job_table"):
         # The same rows in one file: what the merge reads (one file per job, not per window).
         job_table = shards.concat(job_tables)
-        shards.write_atomic(job_table, outputs["job_table"])
+        tables_io.write_atomic(job_table, outputs["job_table"])
         job_table_rows = job_table.num_rows
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(measurer.generations)

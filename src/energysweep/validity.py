@@ -21,6 +21,7 @@ import pandas as pd
 
 from energysweep import recheck as rc
 from energysweep import stages as st
+from energysweep.tables import power as tp
 
 POINT_KEYS = rc.POINT_KEYS
 WINDOW_KEYS = rc.WINDOW_KEYS
@@ -87,7 +88,7 @@ def settings(cfg: dict | None) -> dict:
 
 
 def _throttle_mask(names) -> int:
-    return int(sum(rc.CLOCK_EVENT_REASONS[n] for n in names))
+    return int(sum(tp.CLOCK_EVENT_REASONS[n] for n in names))
 
 
 def _point_index(frame: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
@@ -168,7 +169,7 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     seen_mask = np.zeros(n, dtype=np.int64)
     keep = seen_pos >= 0
     np.bitwise_or.at(seen_mask, seen_pos[keep], reasons_or.to_numpy()[keep])
-    s["clock_event_reasons_seen"] = [rc.reason_names(m) or None for m in seen_mask]
+    s["clock_event_reasons_seen"] = [tp.reason_names(m) or None for m in seen_mask]
 
     # Idle stability: GPUs of the point's job(s), over the job's idle baseline.
     jobs = rows[["job_id", *POINT_KEYS]].drop_duplicates()
@@ -247,7 +248,7 @@ def evaluate(summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path],
     Returns the annotated summary, the validation table and the per-stage table; the merge
     writes them together with its other outputs (all or nothing).
     """
-    power = rc.load_power([Path(j).with_name(rc.POWER_FILE) for j in jobs
-                           if Path(j).with_name(rc.POWER_FILE).is_file()])
+    power = tp.load_power([Path(j).with_name(tp.FILENAME) for j in jobs
+                           if Path(j).with_name(tp.FILENAME).is_file()])
     validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
     return annotate(summary, rows, validation, cfg), validation, st.stage_table(rows)

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from energysweep import dist, shards, training
+from energysweep import dist, training
 from energysweep.grid import ParallelLayout
+from energysweep.tables import shards
 
 
 def parse_layout(text: str) -> ParallelLayout:

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from energysweep import aggregate, shards
+from energysweep import aggregate
+from energysweep.tables import shards
 
 from tests_rows import row
 

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from energysweep import aggregate, shards, training
+from energysweep import aggregate, training
 from energysweep.dist import LayoutMismatch
 from energysweep.grid import ParallelLayout
 from energysweep.run import _prompt_indices
+from energysweep.tables import shards
 
 from tests_rows import row
 

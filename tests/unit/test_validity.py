@@ -14,9 +14,11 @@ import pandas as pd
 import pynvml as real
 import pytest
 
-from energysweep import aggregate, recheck, shards, stages, validity
+from energysweep import aggregate, recheck, stages, validity
 from energysweep.energy import nvml as es_nvml
 from energysweep.energy import sampler, wall_ns
+from energysweep.tables import power as power_tbl
+from energysweep.tables import shards
 
 import fake_pynvml
 from tests_rows import row
@@ -229,7 +231,8 @@ def test_clock_reason_bits_are_pynvmls():
              "hw_thermal": "HwThermalSlowdown", "hw_power_brake": "HwPowerBrakeSlowdown",
              "display_clock_setting": "DisplayClockSetting"}
     for ours, theirs in names.items():
-        assert recheck.CLOCK_EVENT_REASONS[ours] == getattr(real, f"nvmlClocksEventReason{theirs}")
+        real_bit = getattr(real, f"nvmlClocksEventReason{theirs}")
+        assert power_tbl.CLOCK_EVENT_REASONS[ours] == real_bit
     assert set(validity.REASONS) >= set(validity.GPU_CHECKS)
 
 

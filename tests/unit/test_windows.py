@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from energysweep import dist, run, shards
+from energysweep import dist, run
 from energysweep.energy import nvml as es_nvml
 from energysweep.grid import ParallelLayout
+from energysweep.tables import shards
 
 import fake_pynvml
 

@@ -1,4 +1,5 @@
-"""The one Parquet schema for energy shards, the atomic writer, and the validating reader.
+"""The energy shard table: its one Parquet schema, the keys of a point and a window, the
+writer and the validating reader.
 
 A shard holds one measured window (or one failed grid point) of one job: one row per
 (rank, GPU) that took part. Nothing in a shard is 0 where nothing was measured: such values are
@@ -7,12 +8,12 @@ null and the matching ``*_status`` column says why.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from energysweep.tables.io import write_atomic
 
 # v2: phase prefill, energy_source, min_window_s, Zeus cross-check, idle baseline, host (RAPL)
 # energy, model_parameters, flops_estimate and loss (training) columns.
@@ -116,6 +117,10 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
 # the same rows again in one file, the job table (what aggregation reads: one file per job).
 JOB_TABLE = "shards.parquet"
 
+# A grid point, and one measured window of it (a job runs each point's repetitions and phases).
+POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
+WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
+
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null, _ in COLUMNS])
 
 
@@ -138,50 +143,6 @@ def to_table(rows: list[dict]) -> pa.Table:
     return table
 
 
-def write_atomic(table: pa.Table, path: str | Path) -> None:
-    """Write ``table`` to ``path`` via a temp file in the same directory and a rename.
-
-    A killed writer leaves at most a ``.tmp-*`` file, which no reader globs or counts.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone to read
-    try:
-        try:
-            pq.write_table(table, tmp)
-        except OSError as exc:
-            raise write_error(exc, path) from exc
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_error(exc: OSError, path: str | Path) -> OSError:
-    """``exc`` (a failed write: a full disk, say) saying which file; pyarrow's errors do not."""
-    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    return OSError(exc.errno, f"cannot write {path}: {reason}")
-
-
-def write_text_atomic(text: str, path: str | Path) -> None:
-    """Write ``text`` to ``path`` via a temp file beside it and a rename (as write_atomic)."""
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    try:
-        try:
-            tmp.write_text(text)
-        except OSError as exc:
-            raise write_error(exc, path) from exc
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def concat(tables: list[pa.Table]) -> pa.Table:
     """Shards (tables of this schema) as one table with one chunk; empty list: empty table."""
     if not tables:
@@ -199,8 +160,8 @@ def read_shard(path: str | Path) -> pa.Table:
     # small files of a sweep, bench/merge_scaling.py).
     table = pq.ParquetFile(path).read(use_threads=False)
     if not table.schema.equals(SCHEMA, check_metadata=False):
-        raise ShardError(f"{path}: schema differs from energysweep.shards.SCHEMA v{SCHEMA_VERSION}"
-                         f" ({schema_difference(table.schema)})")
+        raise ShardError(f"{path}: schema differs from energysweep.tables.shards.SCHEMA "
+                         f"v{SCHEMA_VERSION} ({schema_difference(table.schema)})")
     return table
 
 

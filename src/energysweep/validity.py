@@ -7,9 +7,9 @@ and the point is never valid without GPU energy (``no_gpu_energy``). Thresholds 
 config section ``validity:`` (config/config.schema.yaml, README "Validity verdict", where each
 default's source is cited).
 
-Inputs are the point summary (energysweep.aggregate.summarize), the merged shard rows, and the
-re-check table (energysweep.recheck: timeline vs counter per window, observed counter period,
-clock event reasons, idle stability).
+Inputs are the point summary (energysweep.aggregate.points.summarize), the merged shard rows,
+and the re-check table (energysweep.recheck: timeline vs counter per window, observed counter
+period, clock event reasons, idle stability).
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ import pandas as pd
 
 from energysweep import recheck as rc
 from energysweep import stages as st
+from energysweep.phases import HEADLINE_PHASES
 from energysweep.tables import power as tp
-
-POINT_KEYS = rc.POINT_KEYS
-WINDOW_KEYS = rc.WINDOW_KEYS
-HEADLINE_PHASES = ("generate", "train")
+from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
 REASONS: dict[str, str] = {
@@ -58,7 +56,7 @@ DEFAULTS = {
     "max_recheck_deviation": 0.1, "min_batch_fill": 1.0, "require_timeline": True,
 }
 
-# New summary columns -> status columns that explain a null in them (aggregate.NULL_STATUS).
+# New summary columns -> status columns that explain a null in them (aggregate.nulls).
 _GPU = ("gpu_energy_status", "status")
 NULL_STATUS: dict[str, tuple[str, ...]] = {
     "steady_state_s": ("status",),
@@ -116,7 +114,7 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     """``summary`` with the verdict, re-check, stage and ML.ENERGY-parity columns added.
 
     Args:
-        summary: one row per point (energysweep.aggregate.summarize).
+        summary: one row per point (energysweep.aggregate.points.summarize).
         rows: merged shard rows with at least :data:`ROW_COLUMNS`.
         validation: the re-check table (energysweep.recheck.recheck).
         cfg: the config's ``validity:`` section (defaults for missing keys).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from energysweep.figures import draw
+import energysweep.figures.draw as draw
 from energysweep.figures.data import Quantity, energy_quantity, throughput_quantity
 from energysweep.figures.style import layout_name, layout_style
 

@@ -123,7 +123,6 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
         return summary
     c = settings(cfg)
     s = summary.copy()
-    n = len(s)
     ok_head = rows[(rows["status"] == "ok") & rows["phase"].isin(HEADLINE_PHASES)]
     win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
     win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
@@ -134,15 +133,33 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     s["steady_state_s"] = _per_point(
         win.assign(_d=(win["window_end_ns"] - win["window_start_ns"]) / 1e9), s, "_d", "sum")
 
+    gpu_status = s["gpu_energy_status"].astype(str)
+    has_energy = (gpu_status.str.contains("measured|short-window")
+                  & s["energy_per_iteration_j"].notna())
+    checks = _recheck_columns(s, validation, win, has_energy, c)
+    _idle_columns(s, rows, validation[validation["scope"] == "idle"], has_energy)
+    s["ci_half_width_fraction"] = _ci_half_width_fraction(s)
+    layout_gpus = (s["tp"] * s["pp"] * s["dp"]).astype(int)
+    _verdict(s, c, gpu_status, has_energy, layout_gpus, **checks)
+
+    s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
+    # ML.ENERGY v3 parity (README, "ML.ENERGY v3 parity"): GPUs of the layout and GPU model.
+    s["gpu_count"] = layout_gpus
+    names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
+    model = names.groupby(POINT_KEYS)["gpu_name"].agg(lambda x: ",".join(sorted(set(x))))
+    s["gpu_model"] = s[POINT_KEYS].merge(model.reset_index(), on=POINT_KEYS, how="left")[
+        "gpu_name"].to_numpy()
+    return s
+
+
+def _recheck_columns(s: pd.DataFrame, validation: pd.DataFrame, win: pd.DataFrame,
+                     has_energy: pd.Series, c: dict) -> dict:
+    """Adds the re-check columns to ``s`` (in place); returns what the verdict needs from them:
+    the counter period, and per point whether a window was unchecked, stuck or throttled."""
     vw = validation[(validation["scope"] == "window") & validation["phase"].isin(HEADLINE_PHASES)]
     vw = vw.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")  # ok windows only
     vg = validation[(validation["scope"] == "gpu") & validation["phase"].isin(HEADLINE_PHASES)]
     vg = vg.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")
-    vi = validation[validation["scope"] == "idle"]
-
-    gpu_status = s["gpu_energy_status"].astype(str)
-    has_energy = (gpu_status.str.contains("measured|short-window")
-                  & s["energy_per_iteration_j"].notna())
     observed = _per_point(vg, s, "observed_counter_period_s", "max")
     period = np.fmax(float(c["counter_period_s"]), np.nan_to_num(observed, nan=0.0))
     s["counter_period_s"] = period
@@ -164,12 +181,17 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     throttled = _per_point(vg.assign(_t=((reasons_or & mask) != 0).astype(float)), s, "_t",
                            "any") > 0
     seen_pos = _point_index(vg, s)
-    seen_mask = np.zeros(n, dtype=np.int64)
+    seen_mask = np.zeros(len(s), dtype=np.int64)
     keep = seen_pos >= 0
     np.bitwise_or.at(seen_mask, seen_pos[keep], reasons_or.to_numpy()[keep])
     s["clock_event_reasons_seen"] = [tp.reason_names(m) or None for m in seen_mask]
+    return {"period": period, "any_unchecked": any_unchecked, "s_stuck": s_stuck,
+            "throttled": throttled}
 
-    # Idle stability: GPUs of the point's job(s), over the job's idle baseline.
+
+def _idle_columns(s: pd.DataFrame, rows: pd.DataFrame, vi: pd.DataFrame,
+                  has_energy: pd.Series) -> None:
+    """Adds idle stability to ``s``: GPUs of the point's job(s), over the job's idle baseline."""
     jobs = rows[["job_id", *POINT_KEYS]].drop_duplicates()
     idle = vi[["job_id", "gpu_uuid", "power_std_w", "samples"]].merge(
         jobs, on="job_id", how="inner") if len(vi) else pd.DataFrame(
@@ -180,6 +202,9 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
         np.where(s["idle_gpu_power_std_w"].notna(), "ok",
                  "unavailable (no idle baseline or no power samples in it)"))
 
+
+def _ci_half_width_fraction(s: pd.DataFrame) -> np.ndarray:
+    """Per point the CI half-width of its headline energy per token over its median."""
     metric = np.where(s["scenario"] == "training", "energy_per_train_token_j",
                       "energy_per_output_token_j")
     med = np.array([s.at[i, m] for i, m in zip(s.index, metric, strict=True)], dtype=float)
@@ -188,9 +213,14 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     hi = np.array([s.at[i, f"{m}_ci_high"] for i, m in zip(s.index, metric, strict=True)],
                   dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero median: no fraction
-        s["ci_half_width_fraction"] = np.where(med > 0, (hi - lo) / 2 / med, np.nan)
+        return np.where(med > 0, (hi - lo) / 2 / med, np.nan)
 
-    layout_gpus = (s["tp"] * s["pp"] * s["dp"]).astype(int)
+
+def _verdict(s: pd.DataFrame, c: dict, gpu_status: pd.Series, has_energy: pd.Series,
+             layout_gpus: pd.Series, period: np.ndarray, any_unchecked: np.ndarray,
+             s_stuck: np.ndarray, throttled: np.ndarray) -> None:
+    """Adds ``valid``, ``invalid_reasons`` and ``validity_unchecked`` to ``s`` (in place)."""
+    n = len(s)
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
         "no_gpu_energy": ~has_energy & ~gpu_status.str.contains("partial"),
@@ -228,15 +258,6 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     s["valid"] = [not x for x in codes]
     s["invalid_reasons"] = codes
     s["validity_unchecked"] = unchecked
-
-    s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
-    # ML.ENERGY v3 parity (README, "ML.ENERGY v3 parity"): GPUs of the layout and GPU model.
-    s["gpu_count"] = layout_gpus
-    names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
-    model = names.groupby(POINT_KEYS)["gpu_name"].agg(lambda x: ",".join(sorted(set(x))))
-    s["gpu_model"] = s[POINT_KEYS].merge(model.reset_index(), on=POINT_KEYS, how="left")[
-        "gpu_name"].to_numpy()
-    return s
 
 
 def evaluate(summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path],

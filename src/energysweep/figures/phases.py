@@ -39,11 +39,9 @@ def prefill_decode(s: pd.DataFrame) -> Figure:
     Left: stacked bars (prefill hatched, decode solid) per layout and batch size. Right: decode
     energy per output token vs batch size (or, without energy, decode tokens per second).
     """
-    rows = s[s["scenario"].eq("inference")] if len(s) else s
-    fig, axes = draw.new_figure(1, 2, width=5.8, height=4.6)
+    rows, fig, axes = draw.scenario_panels(s, "inference", "no inference points in this sweep",
+                                           width=5.8, height=4.6)
     if rows.empty:
-        for ax in axes[0]:
-            draw.only_note(ax, "no inference points in this sweep")
         return fig
     share, of, split_note = _split(rows)
     rows = rows.assign(_share=share)

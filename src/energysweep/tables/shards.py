@@ -22,6 +22,7 @@ SCHEMA_VERSION = 3
 
 # (name, type, nullable, description) — the README's schema table is generated from this list.
 COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
+    # The job: one model load, one layout, one code version.
     ("schema_version", pa.int16(), False, "version of this schema"),
     ("job_id", pa.string(), False, "unique id of the job run (one model load, one layout)"),
     ("config_hash", pa.string(), False, "sha256 prefix of the settings that determine this job"),
@@ -40,6 +41,7 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
      "processes our code ran in, as the process audit checked them (tp*pp*dp for torchrun, "
      "dp for direct, 1 for mpi)"),
     ("gpu_workers", pa.int16(), False, "processes computing on a GPU: tp*pp*dp in every mode"),
+    # The window: one (batch size, repetition, phase) of the job, and what ran in it.
     ("batch_size", pa.int32(), False, "per-replica batch size"),
     ("global_batch_size", pa.int32(), False, "batch_size * dp"),
     ("repetition", pa.int16(), False, "repetition index of this window"),
@@ -57,6 +59,7 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("input_tokens", pa.int64(), True,
      "prompt tokens (excluding padding) in the window, all replicas"),
     ("output_tokens", pa.int64(), True, "generated tokens in the window, all replicas"),
+    # The rank that wrote this row and where it ran.
     ("rank", pa.int32(), False, "global rank that produced this row"),
     ("local_rank", pa.int32(), False, "rank within its node"),
     ("pid", pa.int64(), False, "process id of that rank"),
@@ -66,6 +69,7 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("pp_rank", pa.int16(), False, "pipeline stage of that rank"),
     ("tp_rank", pa.int16(), False, "tensor-parallel index of that rank"),
     ("is_writer", pa.bool_(), False, "whether that rank writes its replica's outputs"),
+    # The GPU this row measured, and its energy over the window.
     ("gpu_uuid", pa.string(), True, "GPU measured (UUID); null when no GPU energy was available"),
     ("gpu_index", pa.int32(), True, "NVML index of that GPU"),
     ("gpu_pci_bus_id", pa.string(), True, "PCI bus id of that GPU"),
@@ -80,11 +84,13 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
      "cross-check: Zeus's energy for the same GPU and window in mJ"),
     ("gpu_energy_zeus_status", pa.string(), False,
      "not-requested (source is not cross-check) | measured | short-window | unavailable"),
+    # The idle baseline measured before any window (the *_idle_adjusted_* figures subtract it).
     ("idle_window_s", pa.float64(), True,
      "length of the job's idle-baseline window in s (before any window); null if none"),
     ("idle_gpu_power_w", pa.float64(), True, "this GPU's idle power in W (idle baseline)"),
     ("idle_gpu_power_status", pa.string(), False,
      "measured | short-window | skipped (idle_baseline_s 0) | unavailable"),
+    # The host (RAPL) and this process's CPU time.
     ("host_energy_mj", pa.float64(), True,
      "RAPL CPU package energy of this host over the window in mJ (local rank 0 rows only)"),
     ("host_dram_energy_mj", pa.float64(), True, "RAPL DRAM energy of this host in mJ"),
@@ -96,6 +102,7 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
      "measured | not-read | skipped | unavailable"),
     ("cpu_time_s", pa.float64(), True,
      "user+system CPU seconds of this rank's process in the window"),
+    # The model and the work it did.
     ("model_parameters", pa.int64(), True, "parameters of one model replica (all its ranks)"),
     ("model_parameters_method", pa.string(), False,
      "counted (checkpoint config built on the meta device) | config (models[].dims) "
@@ -104,6 +111,7 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
      "ESTIMATE 2 * model_parameters * (input_tokens + output_tokens): window FLOPs, all GPUs"),
     ("loss", pa.float64(), True,
      "training: mean global-batch loss over the window's steps; null for inference"),
+    # The scheduler.
     ("slurm_job_id", pa.string(), True, "SLURM_JOB_ID, null outside Slurm"),
     ("slurm_partition", pa.string(), True, "SLURM_JOB_PARTITION"),
     ("slurm_nodelist", pa.string(), True, "SLURM_JOB_NODELIST"),

@@ -28,7 +28,6 @@ import pyarrow as pa
 
 from energysweep.energy import STATUS_MEASURED, STATUS_UNAVAILABLE
 from energysweep.energy import nvml as es_nvml
-from energysweep.tables.power import FILENAME  # noqa: F401 (what the sampler writes)
 from energysweep.tables.power import SCHEMA as POWER_SCHEMA
 
 STATUS_DISABLED = "disabled"

@@ -20,106 +20,119 @@ from energysweep.tables.io import write_atomic
 # v3: launcher_processes and gpu_workers (what the process audit expects per launch mode).
 SCHEMA_VERSION = 3
 
-# (name, type, nullable, description) — the README's schema table is generated from this list.
-COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
-    # The job: one model load, one layout, one code version.
-    ("schema_version", pa.int16(), False, "version of this schema"),
-    ("job_id", pa.string(), False, "unique id of the job run (one model load, one layout)"),
-    ("config_hash", pa.string(), False, "sha256 prefix of the settings that determine this job"),
-    ("code_version", pa.string(), False, "energysweep version + git commit (+dirty)"),
-    ("model", pa.string(), False, "model name from the config"),
-    ("backend", pa.string(), False, "pytorch | vllm | tensorrt-llm"),
-    ("scenario", pa.string(), False, "inference | training"),
-    ("tp", pa.int16(), False, "tensor-parallel degree"),
-    ("pp", pa.int16(), False, "pipeline-parallel degree"),
-    ("dp", pa.int16(), False, "data-parallel degree"),
-    ("world_size", pa.int16(), False, "GPUs of the layout: tp*pp*dp"),
-    ("launch_mode", pa.string(), False,
-     "torchrun (one process per GPU) | direct (one process per DP replica; the engine spawns "
-     "its GPU workers) | mpi (one replica over several nodes, srun starts tp*pp MPI ranks)"),
-    ("launcher_processes", pa.int16(), False,
-     "processes our code ran in, as the process audit checked them (tp*pp*dp for torchrun, "
-     "dp for direct, 1 for mpi)"),
-    ("gpu_workers", pa.int16(), False, "processes computing on a GPU: tp*pp*dp in every mode"),
-    # The window: one (batch size, repetition, phase) of the job, and what ran in it.
-    ("batch_size", pa.int32(), False, "per-replica batch size"),
-    ("global_batch_size", pa.int32(), False, "batch_size * dp"),
-    ("repetition", pa.int16(), False, "repetition index of this window"),
-    ("phase", pa.string(), False,
-     "what the window ran: generate (output_tokens new tokens) | prefill (1 new token) | "
-     "train (optimizer steps)"),
-    ("status", pa.string(), False, "ok | oom | error"),
-    ("error", pa.string(), True, "error message when status != ok"),
-    ("window_start_ns", pa.int64(), True, "window start, ns since epoch (after sync + barrier)"),
-    ("window_end_ns", pa.int64(), True, "window end, ns since epoch (after sync + barrier)"),
-    ("iterations", pa.int32(), True,
-     "measured iterations in the window (>= workload.iterations, window >= min_window_s)"),
-    ("min_window_s", pa.float64(), False, "measurement.min_window_s the window was run with"),
-    ("requests", pa.int64(), True, "prompts completed in the window, all replicas"),
-    ("input_tokens", pa.int64(), True,
-     "prompt tokens (excluding padding) in the window, all replicas"),
-    ("output_tokens", pa.int64(), True, "generated tokens in the window, all replicas"),
-    # The rank that wrote this row and where it ran.
-    ("rank", pa.int32(), False, "global rank that produced this row"),
-    ("local_rank", pa.int32(), False, "rank within its node"),
-    ("pid", pa.int64(), False, "process id of that rank"),
-    ("host", pa.string(), False, "hostname of that rank"),
-    ("device", pa.string(), False, "torch device the rank computed on (cpu, cuda:0)"),
-    ("dp_rank", pa.int16(), False, "replica index of that rank"),
-    ("pp_rank", pa.int16(), False, "pipeline stage of that rank"),
-    ("tp_rank", pa.int16(), False, "tensor-parallel index of that rank"),
-    ("is_writer", pa.bool_(), False, "whether that rank writes its replica's outputs"),
-    # The GPU this row measured, and its energy over the window.
-    ("gpu_uuid", pa.string(), True, "GPU measured (UUID); null when no GPU energy was available"),
-    ("gpu_index", pa.int32(), True, "NVML index of that GPU"),
-    ("gpu_pci_bus_id", pa.string(), True, "PCI bus id of that GPU"),
-    ("gpu_name", pa.string(), True, "product name of that GPU"),
-    ("gpu_energy_mj", pa.float64(), True, "GPU energy over the window in mJ; null if not measured"),
-    ("gpu_energy_status", pa.string(), False, "measured | short-window | unavailable"),
-    ("gpu_energy_method", pa.string(), False, "how gpu_energy_mj was obtained"),
-    ("gpu_energy_detail", pa.string(), True, "why energy is unavailable or flagged"),
-    ("energy_source", pa.string(), False,
-     "GPU energy source used: nvml | zeus | cross-check | none (auto resolved)"),
-    ("gpu_energy_mj_zeus", pa.float64(), True,
-     "cross-check: Zeus's energy for the same GPU and window in mJ"),
-    ("gpu_energy_zeus_status", pa.string(), False,
-     "not-requested (source is not cross-check) | measured | short-window | unavailable"),
-    # The idle baseline measured before any window (the *_idle_adjusted_* figures subtract it).
-    ("idle_window_s", pa.float64(), True,
-     "length of the job's idle-baseline window in s (before any window); null if none"),
-    ("idle_gpu_power_w", pa.float64(), True, "this GPU's idle power in W (idle baseline)"),
-    ("idle_gpu_power_status", pa.string(), False,
-     "measured | short-window | skipped (idle_baseline_s 0) | unavailable"),
-    # The host (RAPL) and this process's CPU time.
-    ("host_energy_mj", pa.float64(), True,
-     "RAPL CPU package energy of this host over the window in mJ (local rank 0 rows only)"),
-    ("host_dram_energy_mj", pa.float64(), True, "RAPL DRAM energy of this host in mJ"),
-    ("host_energy_status", pa.string(), False,
-     "measured | not-read (another rank of this host reads it) | unavailable"),
-    ("host_energy_detail", pa.string(), True, "zones read, or why host energy is unavailable"),
-    ("idle_host_power_w", pa.float64(), True, "this host's idle package power in W (RAPL)"),
-    ("idle_host_power_status", pa.string(), False,
-     "measured | not-read | skipped | unavailable"),
-    ("cpu_time_s", pa.float64(), True,
-     "user+system CPU seconds of this rank's process in the window"),
-    # The model and the work it did.
-    ("model_parameters", pa.int64(), True, "parameters of one model replica (all its ranks)"),
-    ("model_parameters_method", pa.string(), False,
-     "counted (checkpoint config built on the meta device) | config (models[].dims) "
-     "| unavailable"),
-    ("flops_estimate", pa.float64(), True,
-     "ESTIMATE 2 * model_parameters * (input_tokens + output_tokens): window FLOPs, all GPUs"),
-    ("loss", pa.float64(), True,
-     "training: mean global-batch loss over the window's steps; null for inference"),
-    # The scheduler.
-    ("slurm_job_id", pa.string(), True, "SLURM_JOB_ID, null outside Slurm"),
-    ("slurm_partition", pa.string(), True, "SLURM_JOB_PARTITION"),
-    ("slurm_nodelist", pa.string(), True, "SLURM_JOB_NODELIST"),
-    # Per node: on a 2-node job every host sees e.g. "0,1". The job's GPU count is the layout's
-    # tp*pp*dp (and sacct's gres/gpu), never these lists concatenated across hosts.
-    ("allocated_gpus", pa.string(), True,
-     "GPUs the scheduler gave this rank's node (CUDA_VISIBLE_DEVICES; per node, not per job)"),
-]
+# The shard schema, one column a line: name, pyarrow type, "null" if the column may be null (else
+# "-"), meaning. An indented line continues the meaning above; "#" lines are headings. The README's
+# schema table is generated from it (markdown_table).
+_COLUMNS_TABLE = """
+# The job: one model load, one layout, one code version.
+schema_version          int16   -    version of this schema
+job_id                  string  -    unique id of the job run (one model load, one layout)
+config_hash             string  -    sha256 prefix of the settings that determine this job
+code_version            string  -    energysweep version + git commit (+dirty)
+model                   string  -    model name from the config
+backend                 string  -    pytorch | vllm | tensorrt-llm
+scenario                string  -    inference | training
+tp                      int16   -    tensor-parallel degree
+pp                      int16   -    pipeline-parallel degree
+dp                      int16   -    data-parallel degree
+world_size              int16   -    GPUs of the layout: tp*pp*dp
+launch_mode             string  -    torchrun (one process per GPU) | direct (one process per DP
+                                     replica; the engine spawns its GPU workers) | mpi (one replica
+                                     over several nodes, srun starts tp*pp MPI ranks)
+launcher_processes      int16   -    processes our code ran in, as the process audit checked them
+                                     (tp*pp*dp for torchrun, dp for direct, 1 for mpi)
+gpu_workers             int16   -    processes computing on a GPU: tp*pp*dp in every mode
+# The window: one (batch size, repetition, phase) of the job, and what ran in it.
+batch_size              int32   -    per-replica batch size
+global_batch_size       int32   -    batch_size * dp
+repetition              int16   -    repetition index of this window
+phase                   string  -    what the window ran: generate (output_tokens new tokens) |
+                                     prefill (1 new token) | train (optimizer steps)
+status                  string  -    ok | oom | error
+error                   string  null error message when status != ok
+window_start_ns         int64   null window start, ns since epoch (after sync + barrier)
+window_end_ns           int64   null window end, ns since epoch (after sync + barrier)
+iterations              int32   null measured iterations in the window (>= workload.iterations,
+                                     window >= min_window_s)
+min_window_s            float64 -    measurement.min_window_s the window was run with
+requests                int64   null prompts completed in the window, all replicas
+input_tokens            int64   null prompt tokens (excluding padding) in the window, all replicas
+output_tokens           int64   null generated tokens in the window, all replicas
+# The rank that wrote this row and where it ran.
+rank                    int32   -    global rank that produced this row
+local_rank              int32   -    rank within its node
+pid                     int64   -    process id of that rank
+host                    string  -    hostname of that rank
+device                  string  -    torch device the rank computed on (cpu, cuda:0)
+dp_rank                 int16   -    replica index of that rank
+pp_rank                 int16   -    pipeline stage of that rank
+tp_rank                 int16   -    tensor-parallel index of that rank
+is_writer               bool_   -    whether that rank writes its replica's outputs
+# The GPU this row measured, and its energy over the window.
+gpu_uuid                string  null GPU measured (UUID); null when no GPU energy was available
+gpu_index               int32   null NVML index of that GPU
+gpu_pci_bus_id          string  null PCI bus id of that GPU
+gpu_name                string  null product name of that GPU
+gpu_energy_mj           float64 null GPU energy over the window in mJ; null if not measured
+gpu_energy_status       string  -    measured | short-window | unavailable
+gpu_energy_method       string  -    how gpu_energy_mj was obtained
+gpu_energy_detail       string  null why energy is unavailable or flagged
+energy_source           string  -    GPU energy source used: nvml | zeus | cross-check | none (auto
+                                     resolved)
+gpu_energy_mj_zeus      float64 null cross-check: Zeus's energy for the same GPU and window in mJ
+gpu_energy_zeus_status  string  -    not-requested (source is not cross-check) | measured |
+                                     short-window | unavailable
+# The idle baseline measured before any window (the *_idle_adjusted_* figures subtract it).
+idle_window_s           float64 null length of the job's idle-baseline window in s (before any
+                                     window); null if none
+idle_gpu_power_w        float64 null this GPU's idle power in W (idle baseline)
+idle_gpu_power_status   string  -    measured | short-window | skipped (idle_baseline_s 0) |
+                                     unavailable
+# The host (RAPL) and this process's CPU time.
+host_energy_mj          float64 null RAPL CPU package energy of this host over the window in mJ
+                                     (local rank 0 rows only)
+host_dram_energy_mj     float64 null RAPL DRAM energy of this host in mJ
+host_energy_status      string  -    measured | not-read (another rank of this host reads it) |
+                                     unavailable
+host_energy_detail      string  null zones read, or why host energy is unavailable
+idle_host_power_w       float64 null this host's idle package power in W (RAPL)
+idle_host_power_status  string  -    measured | not-read | skipped | unavailable
+cpu_time_s              float64 null user+system CPU seconds of this rank's process in the window
+# The model and the work it did.
+model_parameters        int64   null parameters of one model replica (all its ranks)
+model_parameters_method string  -    counted (checkpoint config built on the meta device) | config
+                                     (models[].dims) | unavailable
+flops_estimate          float64 null ESTIMATE 2 * model_parameters * (input_tokens + output_tokens):
+                                     window FLOPs, all GPUs
+loss                    float64 null training: mean global-batch loss over the window's steps; null
+                                     for inference
+# The scheduler.
+slurm_job_id            string  null SLURM_JOB_ID, null outside Slurm
+slurm_partition         string  null SLURM_JOB_PARTITION
+slurm_nodelist          string  null SLURM_JOB_NODELIST
+# Per node: on a 2-node job every host sees e.g. "0,1". The job's GPU count is the layout's
+# tp*pp*dp (and sacct's gres/gpu), never these lists concatenated across hosts.
+allocated_gpus          string  null GPUs the scheduler gave this rank's node (CUDA_VISIBLE_DEVICES;
+                                     per node, not per job)
+"""
+
+
+def _parse_columns(text: str) -> list[tuple[str, pa.DataType, bool, str]]:
+    """:data:`_COLUMNS_TABLE` as (name, type, nullable, description) tuples, in order."""
+    columns: list[tuple[str, pa.DataType, bool, str]] = []
+    for line in text.strip("\n").splitlines():
+        if line.startswith("#"):
+            continue
+        if line.startswith(" "):  # the meaning above, continued
+            name, kind, nullable, meaning = columns[-1]
+            columns[-1] = (name, kind, nullable, f"{meaning} {line.strip()}")
+            continue
+        name, kind, nullable, meaning = line.split(maxsplit=3)
+        columns.append((name, getattr(pa, kind)(), nullable == "null", meaning))
+    return columns
+
+
+COLUMNS = _parse_columns(_COLUMNS_TABLE)
 
 # A measure job's directory holds one shard per (batch size, repetition), bs~B/rep~R.parquet, and
 # the same rows again in one file, the job table (what aggregation reads: one file per job).

@@ -53,7 +53,7 @@ REPS = 5
 def _template_row() -> dict:
     """A complete row of the current schema: the test helper's, every other column null."""
     sys.path.insert(0, str(ROOT / "tests" / "unit"))
-    from energysweep import shards
+    from energysweep.tables import shards
 
     from tests_rows import row
 
@@ -66,7 +66,8 @@ def generate(root: Path, n_shards: int) -> tuple[list[Path], list[Path], float]:
     shards, the job.json files, and the seconds spent writing the job tables."""
     import pyarrow.parquet as pq
 
-    from energysweep import shards
+    from energysweep.tables import io as tables_io
+    from energysweep.tables import shards
 
     template = _template_row()
     shard_paths, job_paths = [], []
@@ -125,7 +126,7 @@ def generate(root: Path, n_shards: int) -> tuple[list[Path], list[Path], float]:
         kept = min(len(names), n_shards - len(shard_paths))  # the windows kept below
         job_dir.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
-        shards.write_atomic(table.slice(0, kept * world), job_dir / shards.JOB_TABLE)
+        tables_io.write_atomic(table.slice(0, kept * world), job_dir / shards.JOB_TABLE)
         job_table_s += time.perf_counter() - t
         for i, (bs, rep) in enumerate(names):
             if len(shard_paths) >= n_shards:

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
-from energysweep import aggregate, recheck, shards, stages, validity  # noqa: E402
+from energysweep import aggregate, recheck, stages, validity  # noqa: E402
+from energysweep.tables import shards  # noqa: E402
 
 from tests_rows import row  # noqa: E402
 

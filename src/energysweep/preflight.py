@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from energysweep.hw import nvml as hw_nvml
-from energysweep.recheck import CLOCK_EVENT_REASONS, reason_names
+from energysweep.tables.power import CLOCK_EVENT_REASONS, reason_names
 
 OK, FAIL, WARN, UNAVAILABLE, SKIPPED = "ok", "fail", "warn", "unavailable", "skipped"
 

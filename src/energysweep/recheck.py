@@ -32,30 +32,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
-WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
-POWER_FILE = "power.parquet"
-
-# NVML clock event reason bits (nvmlClocksEventReason*, the real pynvml's values; the unit test
-# checks them against pynvml), by the names config key validity.throttle_reasons uses.
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-    "display_clock_setting": 0x100,
-}
-
-# Status of a re-check row.
-OK = "ok"
-NO_COUNTER = "no-counter-energy"  # the window has no counter figure to compare (CPU, failed)
-NO_TIMELINE = "no-timeline"  # no power samples of this GPU in the job
-NOT_COVERED = "timeline-not-covering"  # samples do not span the window
-FEW_SAMPLES = "too-few-samples"  # fewer than 2 samples inside the window
+from energysweep.power_timeline import (
+    NO_COUNTER,
+    NO_TIMELINE,
+    OK,
+    timelines,
+)
+from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, power_files, reason_names
+from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 
 VALIDATION_COLUMNS = [
     "scope", *WINDOW_KEYS, "gpu_uuid", "pp_rank", "window_start_ns", "window_end_ns",
@@ -63,41 +47,6 @@ VALIDATION_COLUMNS = [
     "samples", "max_sample_gap_s", "power_std_w", "observed_counter_period_s",
     "counter_stuck", "clock_event_reasons", "clock_event_reason_names", "status", "detail",
 ]
-
-
-def reason_names(mask) -> str:
-    """``a,b`` names of the clock event reason bits set in ``mask`` ("" for none or null)."""
-    if mask is None or (isinstance(mask, float) and np.isnan(mask)) or pd.isna(mask):
-        return ""
-    m = int(mask)
-    return ",".join(n for n, bit in CLOCK_EVENT_REASONS.items() if m & bit)
-
-
-def power_files(shards_dir: str | Path) -> list[Path]:
-    """Every job's power.parquet under ``shards_dir`` (results/shards)."""
-    return sorted(Path(shards_dir).rglob(POWER_FILE))
-
-
-def load_power(paths: list[str | Path]) -> pd.DataFrame:
-    """The measured power samples of ``paths`` (status rows without a sample are dropped).
-
-    A GPU shared by two ranks is sampled by both; a sample is kept once per (job, GPU, time).
-    """
-    import pyarrow.parquet as pq
-
-    cols = ["job_id", "gpu_uuid", "time_ns", "power_mw", "energy_counter_mj",
-            "clock_event_reasons"]
-    frames = []
-    for p in paths:
-        t = pq.read_table(p)
-        if "clock_event_reasons" not in t.column_names:  # written before the column existed
-            t = t.append_column("clock_event_reasons", pa.nulls(t.num_rows, pa.int64()))
-        frames.append(t.select(cols).to_pandas())
-    if not frames:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    power = pd.concat(frames, ignore_index=True)
-    power = power[power["gpu_uuid"].notna() & power["time_ns"].notna()]
-    return power.drop_duplicates(["job_id", "gpu_uuid", "time_ns"]).reset_index(drop=True)
 
 
 def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
@@ -109,143 +58,6 @@ def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
         rows.append({"job_id": rec["job_id"], "idle_start_ns": timing.get("idle_start_ns"),
                      "idle_end_ns": timing.get("idle_end_ns")})
     return pd.DataFrame(rows, columns=["job_id", "idle_start_ns", "idle_end_ns"])
-
-
-def _slice_reduce(ufunc, values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """``ufunc.reduce(values[lo[i]:hi[i]])`` for every i (empty slices give values' 0th or a
-    filler: callers mask them)."""
-    if not len(lo):
-        return np.zeros(0, dtype=values.dtype)
-    padded = np.append(values, values[:1] if len(values) else [0])  # hi may equal len(values)
-    idx = np.empty(2 * len(lo), dtype=np.int64)
-    idx[0::2], idx[1::2] = lo, np.maximum(hi, lo)
-    # reduceat reduces [idx[k], idx[k+1]); for pairs (lo, hi) with lo < hi that is the slice.
-    return ufunc.reduceat(padded, idx)[0::2]
-
-
-def _slice_sum(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    cum = np.concatenate([[0], np.cumsum(values)])
-    return cum[hi] - cum[lo]
-
-
-class _Timeline:
-    """One GPU's samples in one job: integral and statistics over any set of intervals."""
-
-    def __init__(self, time_ns: np.ndarray, power_mw: np.ndarray, counter_mj: np.ndarray,
-                 reasons: np.ndarray):
-        """Arrays of one GPU's samples, sorted by time (nulls as NaN)."""
-        p = power_mw / 1e3
-        keep = ~np.isnan(p)
-        self.t_ns = time_ns[keep]
-        self.t0 = self.t_ns[0] if len(self.t_ns) else 0
-        self.t = (self.t_ns - self.t0) / 1e9  # seconds from the first sample: float precision
-        self.p = p[keep]
-        self.counter = counter_mj[keep]
-        reasons = reasons[keep]
-        self.has_reasons = ~np.isnan(reasons)
-        self.reasons = np.nan_to_num(reasons).astype(np.int64)
-        steps = np.diff(self.t) * (self.p[1:] + self.p[:-1]) / 2
-        self.cum = np.concatenate([[0.0], np.cumsum(steps)])
-        # Prefix sums for each interval's mean and variance of power in O(1).
-        self.cum_p = np.concatenate([[0.0], np.cumsum(self.p)])
-        self.cum_p2 = np.concatenate([[0.0], np.cumsum(self.p**2)])
-        # The counter's update period, observed over the whole job: the median time between
-        # changes (an upper bound at the sampling rate; the driver's period is a GPU property).
-        counted = ~np.isnan(self.counter)
-        c, tc = self.counter[counted], self.t[counted]
-        changed = tc[1:][np.diff(c) != 0]
-        self.period = float(np.median(np.diff(changed))) if len(changed) >= 2 else np.nan
-
-    def _integral_to(self, x: np.ndarray) -> np.ndarray:
-        """Energy (J) from the first sample to each ``x`` (within the samples' span)."""
-        t, p = self.t, self.p
-        k = np.clip(np.searchsorted(t, x, side="right") - 1, 0, len(t) - 2)
-        px = p[k] + (p[k + 1] - p[k]) * (x - t[k]) / (t[k + 1] - t[k])
-        return self.cum[k] + (x - t[k]) * (p[k] + px) / 2
-
-    def windows(self, start_ns: np.ndarray, end_ns: np.ndarray) -> dict:
-        """Re-check figures of every [start, end] at once; ``status`` says where they cannot
-        be had."""
-        start_ns = np.asarray(start_ns, dtype=np.int64)
-        end_ns = np.asarray(end_ns, dtype=np.int64)
-        m = len(start_ns)
-        lo = np.searchsorted(self.t_ns, start_ns, "left")  # samples are sorted: a slice each
-        hi = np.searchsorted(self.t_ns, end_ns, "right")
-        n_in = hi - lo
-        out = {"samples": n_in, "observed_counter_period_s": np.full(m, self.period)}
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = (self.cum_p[hi] - self.cum_p[lo]) / n_in
-            var = np.maximum((self.cum_p2[hi] - self.cum_p2[lo]) / n_in - mean**2, 0)
-        out["power_std_w"] = np.where(n_in >= 2, np.sqrt(var), np.nan)
-        # Per window: the OR of the clock event reasons, and whether the counter moved between
-        # the first and last sample (reduceat over (lo, hi) pairs: one pass, no Python loop).
-        has = n_in > 0
-        reasons = np.full(m, None, dtype=object)
-        n_reasons = _slice_sum(self.has_reasons.astype(np.int64), lo, hi)
-        ored = _slice_reduce(np.bitwise_or, self.reasons, lo, hi)
-        with_reasons = has & (n_reasons > 0)
-        reasons[with_reasons] = ored[with_reasons].tolist()
-        stuck = np.full(m, None, dtype=object)
-        counted = ~np.isnan(self.counter)
-        all_counted = _slice_sum(counted.astype(np.int64), lo, hi) == n_in
-        simple = (n_in >= 2) & all_counted
-        if simple.any():
-            stuck[simple] = (self.counter[lo[simple]] == self.counter[hi[simple] - 1]).tolist()
-        for i in np.flatnonzero((n_in >= 2) & ~all_counted):  # some samples lack the counter
-            c = self.counter[lo[i]:hi[i]][counted[lo[i]:hi[i]]]
-            if len(c) >= 2:
-                stuck[i] = bool(c[-1] == c[0])
-        out["clock_event_reasons"], out["counter_stuck"] = reasons, stuck
-        covered = (len(self.t) >= 2) & (start_ns >= (self.t_ns[0] if len(self.t) else 0)) & (
-            end_ns <= (self.t_ns[-1] if len(self.t) else -1))
-        ok = covered & (n_in >= 2)
-        energy = np.full(m, np.nan)
-        gap = np.full(m, np.nan)
-        if ok.any():
-            a = (start_ns[ok] - self.t0) / 1e9
-            b = (end_ns[ok] - self.t0) / 1e9
-            energy[ok] = self._integral_to(b) - self._integral_to(a)
-            diffs = np.diff(self.t)
-            lo_ok, hi_ok = lo[ok], hi[ok]
-            inner = np.zeros(len(a))
-            multi = hi_ok - lo_ok >= 2
-            if multi.any():  # the largest gap between consecutive samples inside each window
-                inner[multi] = _slice_reduce(np.maximum, diffs, lo_ok[multi], hi_ok[multi] - 1)
-            gap[ok] = np.maximum.reduce([self.t[lo_ok] - a, b - self.t[hi_ok - 1], inner])
-        out["timeline_energy_j"], out["max_sample_gap_s"] = energy, gap
-        status = np.where(ok, OK, np.where(covered, FEW_SAMPLES, NOT_COVERED)).astype(object)
-        out["status"] = status
-        out["detail"] = np.where(
-            ok, None, np.where(covered, [f"{k} power sample(s) inside the window" for k in n_in],
-                               "the power samples do not span the window")).astype(object)
-        return out
-
-    def window(self, start_ns: int, end_ns: int) -> dict:
-        """:meth:`windows` of one interval."""
-        return {k: v[0] for k, v in self.windows(np.array([start_ns]),
-                                                 np.array([end_ns])).items()}
-
-
-def timelines(power: pd.DataFrame) -> dict:
-    """(job_id, gpu_uuid) -> :class:`_Timeline`, built from one sort of all samples."""
-    power = power[power["gpu_uuid"].notna() & power["time_ns"].notna()] if len(power) else power
-    if not len(power):
-        return {}
-    job = pd.factorize(power["job_id"])
-    gpu = pd.factorize(power["gpu_uuid"])
-    t_ns = power["time_ns"].to_numpy(dtype=np.int64)
-    order = np.lexsort((t_ns, gpu[0], job[0]))
-    key = (job[0] * len(gpu[1]) + gpu[0])[order]
-    cols = [t_ns[order]] + [power[c].to_numpy(dtype=float, na_value=np.nan)[order] for c in (
-        "power_mw", "energy_counter_mj", "clock_event_reasons")]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    ends = np.r_[starts[1:], len(key)]
-    out = {}
-    for a, b in zip(starts, ends, strict=True):
-        k = key[a]
-        out[(job[1][k // len(gpu[1])], gpu[1][k % len(gpu[1])])] = _Timeline(
-            *(c[a:b] for c in cols))
-    return out
 
 
 def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -418,7 +230,7 @@ ROW_COLUMNS = [*WINDOW_KEYS, "status", "window_start_ns", "window_end_ns", "gpu_
 
 def write(table: pd.DataFrame, path: str | Path) -> None:
     """Write the validation table atomically (Parquet)."""
-    from energysweep.shards import write_atomic
+    from energysweep.tables.io import write_atomic
 
     write_atomic(pa.Table.from_pandas(table, preserve_index=False), path)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from energysweep.aggregate import POINT_KEYS
+from energysweep.tables.shards import POINT_KEYS
 
 # Shown first, in this order; every other summary column follows.
 LEADING_COLUMNS = [

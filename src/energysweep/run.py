@@ -20,12 +20,14 @@ import time
 import traceback
 from pathlib import Path
 
-from energysweep import dist, procs, shards
+from energysweep import dist, procs
 from energysweep.grid import ParallelLayout
 from energysweep.hw import nvml as hw_nvml
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.window import finalize_window
 from energysweep.scenarios.base import Scenario, collective_timeout_s
+from energysweep.tables import io as tables_io
+from energysweep.tables import shards
 
 
 def _seed(seed: int) -> dict:
@@ -92,7 +94,7 @@ def _gather_to_rank0(obj) -> list | None:
 
 def power_path(outputs: dict) -> Path:
     """Where the job's power timeline goes: outputs["power"], else power.parquet by job.json."""
-    from energysweep.energy.sampler import FILENAME
+    from energysweep.tables.power import FILENAME
 
     return Path(outputs.get("power") or Path(outputs["job_json"]).with_name(FILENAME))
 
@@ -130,12 +132,12 @@ def _measure(spec: dict, ctx: dist.RankContext, scenario: Scenario) -> int | Non
             gathered = dist.gather(rows)
             if ctx.rank == 0:
                 table = shards.to_table(finalize_window(gathered))
-                shards.write_atomic(table, outputs["shards"][str(bs)][rep])
+                tables_io.write_atomic(table, outputs["shards"][str(bs)][rep])
                 job_tables.append(table)
     if ctx.rank == 0 and outputs.get("job_table"):
         # The same rows in one file: what the merge reads (one file per job, not per window).
         job_table = shards.concat(job_tables)
-        shards.write_atomic(job_table, outputs["job_table"])
+        tables_io.write_atomic(job_table, outputs["job_table"])
         return job_table.num_rows
     return None
 

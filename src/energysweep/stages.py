@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
-WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
-HEADLINE_PHASES = ("generate", "train")
+from energysweep.phases import HEADLINE_PHASES
+from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+
 ROW_COLUMNS = [*WINDOW_KEYS, "status", "host", "pid", "pp_rank", "gpu_uuid", "gpu_energy_mj",
                "gpu_energy_status", "cpu_time_s"]
 STAGE_COLUMNS = [*POINT_KEYS, "phase", "pp_rank", "repetitions_ok", "n_gpus", "gpu_energy_j",

@@ -7,9 +7,9 @@ and the point is never valid without GPU energy (``no_gpu_energy``). Thresholds 
 config section ``validity:`` (config/config.schema.yaml, README "Validity verdict", where each
 default's source is cited).
 
-Inputs are the point summary (energysweep.aggregate.summarize), the merged shard rows, and the
-re-check table (energysweep.recheck: timeline vs counter per window, observed counter period,
-clock event reasons, idle stability).
+Inputs are the point summary (energysweep.aggregate.points.summarize), the merged shard rows,
+and the re-check table (energysweep.recheck: timeline vs counter per window, observed counter
+period, clock event reasons, idle stability).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import pandas as pd
 
 from energysweep import recheck as rc
 from energysweep import stages as st
-
-POINT_KEYS = rc.POINT_KEYS
-WINDOW_KEYS = rc.WINDOW_KEYS
-HEADLINE_PHASES = ("generate", "train")
+from energysweep.phases import HEADLINE_PHASES
+from energysweep.tables import power as tp
+from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
 REASONS: dict[str, str] = {
@@ -57,7 +56,7 @@ DEFAULTS = {
     "max_recheck_deviation": 0.1, "min_batch_fill": 1.0, "require_timeline": True,
 }
 
-# New summary columns -> status columns that explain a null in them (aggregate.NULL_STATUS).
+# New summary columns -> status columns that explain a null in them (aggregate.nulls).
 _GPU = ("gpu_energy_status", "status")
 NULL_STATUS: dict[str, tuple[str, ...]] = {
     "steady_state_s": ("status",),
@@ -87,7 +86,7 @@ def settings(cfg: dict | None) -> dict:
 
 
 def _throttle_mask(names) -> int:
-    return int(sum(rc.CLOCK_EVENT_REASONS[n] for n in names))
+    return int(sum(tp.CLOCK_EVENT_REASONS[n] for n in names))
 
 
 def _point_index(frame: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
@@ -115,7 +114,7 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     """``summary`` with the verdict, re-check, stage and ML.ENERGY-parity columns added.
 
     Args:
-        summary: one row per point (energysweep.aggregate.summarize).
+        summary: one row per point (energysweep.aggregate.points.summarize).
         rows: merged shard rows with at least :data:`ROW_COLUMNS`.
         validation: the re-check table (energysweep.recheck.recheck).
         cfg: the config's ``validity:`` section (defaults for missing keys).
@@ -124,7 +123,6 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
         return summary
     c = settings(cfg)
     s = summary.copy()
-    n = len(s)
     ok_head = rows[(rows["status"] == "ok") & rows["phase"].isin(HEADLINE_PHASES)]
     win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
     win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
@@ -135,15 +133,33 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     s["steady_state_s"] = _per_point(
         win.assign(_d=(win["window_end_ns"] - win["window_start_ns"]) / 1e9), s, "_d", "sum")
 
+    gpu_status = s["gpu_energy_status"].astype(str)
+    has_energy = (gpu_status.str.contains("measured|short-window")
+                  & s["energy_per_iteration_j"].notna())
+    checks = _recheck_columns(s, validation, win, has_energy, c)
+    _idle_columns(s, rows, validation[validation["scope"] == "idle"], has_energy)
+    s["ci_half_width_fraction"] = _ci_half_width_fraction(s)
+    layout_gpus = (s["tp"] * s["pp"] * s["dp"]).astype(int)
+    _verdict(s, c, gpu_status, has_energy, layout_gpus, **checks)
+
+    s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
+    # ML.ENERGY v3 parity (README, "ML.ENERGY v3 parity"): GPUs of the layout and GPU model.
+    s["gpu_count"] = layout_gpus
+    names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
+    model = names.groupby(POINT_KEYS)["gpu_name"].agg(lambda x: ",".join(sorted(set(x))))
+    s["gpu_model"] = s[POINT_KEYS].merge(model.reset_index(), on=POINT_KEYS, how="left")[
+        "gpu_name"].to_numpy()
+    return s
+
+
+def _recheck_columns(s: pd.DataFrame, validation: pd.DataFrame, win: pd.DataFrame,
+                     has_energy: pd.Series, c: dict) -> dict:
+    """Adds the re-check columns to ``s`` (in place); returns what the verdict needs from them:
+    the counter period, and per point whether a window was unchecked, stuck or throttled."""
     vw = validation[(validation["scope"] == "window") & validation["phase"].isin(HEADLINE_PHASES)]
     vw = vw.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")  # ok windows only
     vg = validation[(validation["scope"] == "gpu") & validation["phase"].isin(HEADLINE_PHASES)]
     vg = vg.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")
-    vi = validation[validation["scope"] == "idle"]
-
-    gpu_status = s["gpu_energy_status"].astype(str)
-    has_energy = (gpu_status.str.contains("measured|short-window")
-                  & s["energy_per_iteration_j"].notna())
     observed = _per_point(vg, s, "observed_counter_period_s", "max")
     period = np.fmax(float(c["counter_period_s"]), np.nan_to_num(observed, nan=0.0))
     s["counter_period_s"] = period
@@ -165,12 +181,17 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     throttled = _per_point(vg.assign(_t=((reasons_or & mask) != 0).astype(float)), s, "_t",
                            "any") > 0
     seen_pos = _point_index(vg, s)
-    seen_mask = np.zeros(n, dtype=np.int64)
+    seen_mask = np.zeros(len(s), dtype=np.int64)
     keep = seen_pos >= 0
     np.bitwise_or.at(seen_mask, seen_pos[keep], reasons_or.to_numpy()[keep])
-    s["clock_event_reasons_seen"] = [rc.reason_names(m) or None for m in seen_mask]
+    s["clock_event_reasons_seen"] = [tp.reason_names(m) or None for m in seen_mask]
+    return {"period": period, "any_unchecked": any_unchecked, "s_stuck": s_stuck,
+            "throttled": throttled}
 
-    # Idle stability: GPUs of the point's job(s), over the job's idle baseline.
+
+def _idle_columns(s: pd.DataFrame, rows: pd.DataFrame, vi: pd.DataFrame,
+                  has_energy: pd.Series) -> None:
+    """Adds idle stability to ``s``: GPUs of the point's job(s), over the job's idle baseline."""
     jobs = rows[["job_id", *POINT_KEYS]].drop_duplicates()
     idle = vi[["job_id", "gpu_uuid", "power_std_w", "samples"]].merge(
         jobs, on="job_id", how="inner") if len(vi) else pd.DataFrame(
@@ -181,6 +202,9 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
         np.where(s["idle_gpu_power_std_w"].notna(), "ok",
                  "unavailable (no idle baseline or no power samples in it)"))
 
+
+def _ci_half_width_fraction(s: pd.DataFrame) -> np.ndarray:
+    """Per point the CI half-width of its headline energy per token over its median."""
     metric = np.where(s["scenario"] == "training", "energy_per_train_token_j",
                       "energy_per_output_token_j")
     med = np.array([s.at[i, m] for i, m in zip(s.index, metric, strict=True)], dtype=float)
@@ -189,9 +213,14 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     hi = np.array([s.at[i, f"{m}_ci_high"] for i, m in zip(s.index, metric, strict=True)],
                   dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero median: no fraction
-        s["ci_half_width_fraction"] = np.where(med > 0, (hi - lo) / 2 / med, np.nan)
+        return np.where(med > 0, (hi - lo) / 2 / med, np.nan)
 
-    layout_gpus = (s["tp"] * s["pp"] * s["dp"]).astype(int)
+
+def _verdict(s: pd.DataFrame, c: dict, gpu_status: pd.Series, has_energy: pd.Series,
+             layout_gpus: pd.Series, period: np.ndarray, any_unchecked: np.ndarray,
+             s_stuck: np.ndarray, throttled: np.ndarray) -> None:
+    """Adds ``valid``, ``invalid_reasons`` and ``validity_unchecked`` to ``s`` (in place)."""
+    n = len(s)
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
         "no_gpu_energy": ~has_energy & ~gpu_status.str.contains("partial"),
@@ -230,15 +259,6 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     s["invalid_reasons"] = codes
     s["validity_unchecked"] = unchecked
 
-    s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
-    # ML.ENERGY v3 parity (README, "ML.ENERGY v3 parity"): GPUs of the layout and GPU model.
-    s["gpu_count"] = layout_gpus
-    names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
-    model = names.groupby(POINT_KEYS)["gpu_name"].agg(lambda x: ",".join(sorted(set(x))))
-    s["gpu_model"] = s[POINT_KEYS].merge(model.reset_index(), on=POINT_KEYS, how="left")[
-        "gpu_name"].to_numpy()
-    return s
-
 
 def evaluate(summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path],
              cfg: dict | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -247,7 +267,7 @@ def evaluate(summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path],
     Returns the annotated summary, the validation table and the per-stage table; the merge
     writes them together with its other outputs (all or nothing).
     """
-    power = rc.load_power([Path(j).with_name(rc.POWER_FILE) for j in jobs
-                           if Path(j).with_name(rc.POWER_FILE).is_file()])
+    power = tp.load_power([Path(j).with_name(tp.FILENAME) for j in jobs
+                           if Path(j).with_name(tp.FILENAME).is_file()])
     validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
     return annotate(summary, rows, validation, cfg), validation, st.stage_table(rows)

@@ -34,9 +34,10 @@ import yaml
 from jobspec import job_spec
 
 from energysweep import aggregate as agg
-from energysweep import procs, shards
+from energysweep import procs
 from energysweep.grid import ParallelLayout
 from energysweep.launch import JobFailed, run_job
+from energysweep.tables import shards
 
 from conftest import test_env, workflow_copy
 

@@ -20,7 +20,7 @@ import pytest
 from test_merged_dataset import make_sweep
 
 from energysweep import aggregate as agg
-from energysweep import shards
+from energysweep.tables import shards
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -14,7 +14,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from energysweep import aggregate as agg
-from energysweep import shards
+from energysweep.tables import io as tables_io
+from energysweep.tables import shards
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from tests_rows import row  # noqa: E402
@@ -64,9 +65,9 @@ def make_sweep(root: Path) -> list[Path]:
                 for r in range(dp)
             ]
             tables.append(shards.to_table(rows))
-            shards.write_atomic(tables[-1], job_dir / name)
+            tables_io.write_atomic(tables[-1], job_dir / name)
         job_table = shards.concat(tables)
-        shards.write_atomic(job_table, job_dir / shards.JOB_TABLE)
+        tables_io.write_atomic(job_table, job_dir / shards.JOB_TABLE)
         # What the merge checks a job table against (aggregate.merge with job records).
         record = {"job_id": f"j{j}", "config_hash": "h", "job_table_rows": job_table.num_rows,
                   "job": {"model": model, "backend": backend, "scenario": "inference",

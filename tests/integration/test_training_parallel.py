@@ -164,7 +164,7 @@ def test_training_matches_single_process(layout, request, reference, tiny_model,
 @pytest.mark.parametrize("layout", [REFERENCE, *WORLD2, *WORLD4], ids=str)
 def test_measured_point_rows(layout, request, reference):
     """One measured grid point per layout: honest training rows, one per rank, same loss."""
-    from energysweep import shards
+    from energysweep.tables import shards
 
     layout_dir = reference if layout == REFERENCE else _layout_dir(request, layout)
     rows = shards.read_shard(layout_dir / "shard.parquet").to_pandas()
@@ -218,8 +218,8 @@ def test_run_main_training_job(layout, tiny_model, tmp_path):
     """The production path: launch.run_job -> torchrun -> energysweep.run -> shards + job.json."""
     from jobspec import job_spec
 
-    from energysweep import shards
     from energysweep.launch import run_job
+    from energysweep.tables import shards
 
     batch_sizes, reps = [1, 2], 2
     out = tmp_path / "job"

@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from energysweep import dist, shards
+from energysweep import dist
 from energysweep.grid import ParallelLayout
 from energysweep.scenarios import training
 from energysweep.scenarios.trainers import make_trainer
+from energysweep.tables import shards
 
 
 def parse_layout(text: str) -> ParallelLayout:

@@ -2,7 +2,8 @@ import math
 
 import pandas as pd
 
-from energysweep import aggregate, shards
+from energysweep import aggregate
+from energysweep.tables import shards
 
 from tests_rows import row
 

@@ -14,7 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from energysweep import aggregate, shards
+from energysweep import aggregate
+from energysweep.aggregate import bootstrap
+from energysweep.tables import shards
 
 from tests_rows import row
 
@@ -173,7 +175,7 @@ def test_bootstrap_ci_groups_equals_bootstrap_ci():
     g = rng.integers(0, 40, size=300)
     values = rng.normal(size=300)
     values[rng.random(300) < 0.1] = np.nan
-    lo, hi = aggregate._bootstrap_ci_groups(g, values, 41)
+    lo, hi = bootstrap.bootstrap_ci_groups(g, values, 41)
     for k in range(41):
         want = aggregate.bootstrap_ci(values[g == k])
         np.testing.assert_array_equal([lo[k], hi[k]], want)

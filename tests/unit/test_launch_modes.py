@@ -122,7 +122,8 @@ def test_mixed_backends_make_one_summary_table():
     """The same grid point on three backends: one shard schema, one summary, a backend column."""
     import pandas as pd
 
-    from energysweep import aggregate, shards
+    from energysweep import aggregate
+    from energysweep.tables import shards
 
     from tests_rows import row
 

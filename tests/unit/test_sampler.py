@@ -7,6 +7,7 @@ import pynvml as real
 import pytest
 
 from energysweep.energy import sampler
+from energysweep.tables import power as power_tbl
 
 import fake_pynvml
 
@@ -77,10 +78,10 @@ def test_power_file_always_written(tmp_path, fake_nvml):
     s = sampler.PowerSampler([mod.fake_gpus[0].uuid], 10, "j1", rank=0, host="h")
     s.sample_once()
     rows = s.stop() + sampler.PowerSampler([], 10, "j1", rank=1, host="h").stop()
-    path = tmp_path / "job" / sampler.FILENAME
+    path = tmp_path / "job" / power_tbl.FILENAME
     sampler.write_power(rows, path, 10)
     table = pq.read_table(path)
-    assert table.schema.equals(sampler.POWER_SCHEMA, check_metadata=False)
+    assert table.schema.equals(power_tbl.SCHEMA, check_metadata=False)
     assert table.schema.metadata[b"sampler_hz"] == b"10"
     assert table.column("status").to_pylist() == ["measured", "unavailable"]
     sampler.write_power([], tmp_path / "empty.parquet", 10)  # a job with no rows still has a file

@@ -7,7 +7,7 @@ import textwrap
 import pyarrow as pa
 import pytest
 
-from energysweep import shards
+from energysweep.tables import shards
 
 from tests_rows import row
 
@@ -47,7 +47,7 @@ def test_killed_writer_leaves_no_shard(tmp_path):
         f"""
         import os, signal
         import pyarrow.parquet as pq
-        from energysweep import shards
+        from energysweep.tables import shards
         real = pq.write_table
         def write_then_die(table, where, **kw):
             real(table, where, **kw)

@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from energysweep import aggregate, shards
+from energysweep import aggregate
 from energysweep.dist import LayoutMismatch
 from energysweep.grid import ParallelLayout
 from energysweep.scenarios import accelerate_world, train_data, trainers, training
 from energysweep.scenarios.base import prompt_indices
+from energysweep.tables import shards
 from energysweep.torchpp.stage import TrainStage
 
 from tests_rows import row

@@ -14,9 +14,11 @@ import pandas as pd
 import pynvml as real
 import pytest
 
-from energysweep import aggregate, recheck, shards, stages, validity
+from energysweep import aggregate, power_timeline, recheck, stages, validity
 from energysweep.energy import nvml as es_nvml
 from energysweep.energy import sampler, wall_ns
+from energysweep.tables import power as power_tbl
+from energysweep.tables import shards
 
 import fake_pynvml
 from tests_rows import row
@@ -211,7 +213,7 @@ def test_idle_unstable_from_timeline():
 def test_trapezoid_integral_with_interpolated_edges():
     t = np.array([0.0, 1.0, 2.0, 3.0])
     p = np.array([100.0, 200.0, 200.0, 100.0])  # W
-    tl = recheck.timelines(pd.DataFrame({
+    tl = power_timeline.timelines(pd.DataFrame({
         "job_id": "j", "gpu_uuid": "GPU-a", "time_ns": (t * 1e9).astype(np.int64)[::-1],
         "power_mw": p[::-1] * 1e3, "energy_counter_mj": [500_000, 350_000, 150_000, 0],
         "clock_event_reasons": None}))[("j", "GPU-a")]  # sorted by time on the way in
@@ -219,7 +221,7 @@ def test_trapezoid_integral_with_interpolated_edges():
     # [0.5, 1]: 150 -> 200 W (87.5 J); [1, 2]: 200 J; [2, 2.5]: 200 -> 150 W (87.5 J).
     assert out["timeline_energy_j"] == pytest.approx(375.0)
     assert out["samples"] == 2 and out["max_sample_gap_s"] == pytest.approx(1.0)
-    assert tl.window(int(-1e9), int(1e9))["status"] == recheck.NOT_COVERED
+    assert tl.window(int(-1e9), int(1e9))["status"] == power_timeline.NOT_COVERED
 
 
 def test_clock_reason_bits_are_pynvmls():
@@ -229,7 +231,8 @@ def test_clock_reason_bits_are_pynvmls():
              "hw_thermal": "HwThermalSlowdown", "hw_power_brake": "HwPowerBrakeSlowdown",
              "display_clock_setting": "DisplayClockSetting"}
     for ours, theirs in names.items():
-        assert recheck.CLOCK_EVENT_REASONS[ours] == getattr(real, f"nvmlClocksEventReason{theirs}")
+        real_bit = getattr(real, f"nvmlClocksEventReason{theirs}")
+        assert power_tbl.CLOCK_EVENT_REASONS[ours] == real_bit
     assert set(validity.REASONS) >= set(validity.GPU_CHECKS)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from energysweep import dist, shards
+from energysweep import dist
 from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.grid import ParallelLayout
@@ -17,6 +17,7 @@ from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
 from energysweep.measure.window import finalize_window
 from energysweep.scenarios.inference import InferenceScenario
+from energysweep.tables import shards
 
 import fake_pynvml
 

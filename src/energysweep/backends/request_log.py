@@ -13,25 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-FILENAME = "requests.parquet"
-
-# (name, arrow type name, description) — arrow types are built lazily (pyarrow import).
-COLUMNS: list[tuple[str, str, str]] = [
-    ("job_id", "string", "job run the request belongs to"),
-    ("backend", "string", "vllm | tensorrt-llm"),
-    ("dp_rank", "int16", "replica that served the request"),
-    ("call_index", "int32", "index of the generate call on that replica (warm-up included)"),
-    ("batch_size", "int32", "requests submitted together in that call"),
-    ("request_index", "int32", "position of the request in its call"),
-    ("input_tokens", "int32", "prompt tokens"),
-    ("output_tokens", "int32", "generated tokens"),
-    ("call_start_ns", "int64", "wall clock before the call, ns since epoch"),
-    ("call_end_ns", "int64", "wall clock after the call returned, ns since epoch"),
-    ("ttft_s", "float64", "time to first token, s (engine's own figure); null if unavailable"),
-    ("tpot_s", "float64", "time per output token after the first, s; null if unavailable"),
-    ("metrics_status", "string", "measured | unavailable"),
-    ("metrics_source", "string", "which engine field the timings came from"),
-]
+from energysweep.tables.requests import FILENAME, schema
 
 
 @dataclass
@@ -61,12 +43,6 @@ def tpot_s(first_token_s: float, last_token_s: float, output_tokens: int) -> flo
     return (last_token_s - first_token_s) / (output_tokens - 1)
 
 
-def schema():
-    import pyarrow as pa
-
-    return pa.schema([(name, getattr(pa, kind)()) for name, kind, _ in COLUMNS])
-
-
 def path_for(spec: dict) -> Path | None:
     """Where the job's request table goes: ``outputs["requests"]`` (a rule output, so the
     launcher publishes it with the shards), else beside ``job.json``; None without outputs."""
@@ -81,7 +57,7 @@ def write(rows: list[RequestRow], path: str | Path) -> None:
     """Write the rows atomically (temp file + rename) with the fixed schema."""
     import pyarrow as pa
 
-    from energysweep.shards import write_atomic
+    from energysweep.tables.io import write_atomic
 
     table = pa.Table.from_pylist([asdict(r) for r in rows], schema=schema())
     write_atomic(table, path)
@@ -93,5 +69,5 @@ def read(path: str | Path):
 
     table = pq.read_table(path)
     if not table.schema.equals(schema(), check_metadata=False):
-        raise ValueError(f"{path}: schema differs from energysweep.backends.request_log.COLUMNS")
+        raise ValueError(f"{path}: schema differs from energysweep.tables.requests.COLUMNS")
     return table

@@ -28,27 +28,10 @@ import pyarrow as pa
 
 from energysweep.energy.base import STATUS_MEASURED, STATUS_UNAVAILABLE
 from energysweep.hw import nvml as hw_nvml
+from energysweep.tables.power import SCHEMA as POWER_SCHEMA
 
-FILENAME = "power.parquet"
 STATUS_DISABLED = "disabled"
 STATUS_ERROR = "error"
-
-POWER_SCHEMA = pa.schema(
-    [
-        pa.field("job_id", pa.string(), nullable=False),
-        pa.field("host", pa.string(), nullable=False),
-        pa.field("rank", pa.int32(), nullable=False),
-        pa.field("gpu_uuid", pa.string()),
-        pa.field("gpu_index", pa.int32()),
-        pa.field("time_ns", pa.int64()),
-        pa.field("power_mw", pa.int64()),
-        pa.field("energy_counter_mj", pa.int64()),
-        # NVML clock event (throttle) reason bitmask at the sample; null where unreadable.
-        pa.field("clock_event_reasons", pa.int64()),
-        pa.field("status", pa.string(), nullable=False),
-        pa.field("detail", pa.string()),
-    ]
-)
 
 
 class PowerSampler:
@@ -163,6 +146,6 @@ def power_table(rows: list[dict], hz: float) -> pa.Table:
 
 
 def write_power(rows: list[dict], path: str | Path, hz: float) -> None:
-    from energysweep.shards import write_atomic
+    from energysweep.tables.io import write_atomic
 
     write_atomic(power_table(rows, hz), path)

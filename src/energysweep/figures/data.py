@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from energysweep.aggregate import POINT_KEYS, bootstrap_ci
+from energysweep.aggregate.bootstrap import bootstrap_ci
+from energysweep.phases import HEADLINE_PHASES, Phase
+from energysweep.tables.shards import POINT_KEYS
 
 LAYOUT_KEYS = ["tp", "pp", "dp"]
 
@@ -39,7 +41,7 @@ def invalid_reasons(frame: pd.DataFrame) -> pd.Series:
 
 def _window_tokens(win: pd.DataFrame) -> pd.Series:
     """Tokens a headline window produced: output tokens (generate) or trained on (train)."""
-    return win["output_tokens"].where(win["phase"] == "generate", win["input_tokens"])
+    return win["output_tokens"].where(win["phase"] == Phase.GENERATE.value, win["input_tokens"])
 
 
 # Derived per-window metric -> (numerator column, label of its unit). Divided by the window's
@@ -56,7 +58,7 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     The summary has these only as medians without a CI (or not at all for training), so they
     are derived here from the same windows the summary came from, with the same CI method.
     """
-    head = windows[windows["phase"].isin(["generate", "train"]) & windows["status"].eq("ok")]
+    head = windows[windows["phase"].isin(HEADLINE_PHASES) & windows["status"].eq("ok")]
     if head.empty:
         return summary
     head = head.assign(_tokens=_window_tokens(head).astype(float))
@@ -66,7 +68,7 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         "host_j": head["host_energy_j"].astype(float) / head["_tokens"]
         if "host_energy_j" in head else pd.Series(np.nan, index=head.index),
         "train_tps": (head["input_tokens"].astype(float) / head["duration_s"]).where(
-            head["phase"] == "train"
+            head["phase"] == Phase.TRAIN.value
         ),
     }
     rows = []

@@ -24,6 +24,20 @@ def new_figure(nrows: int, ncols: int, width: float = 5.0, height: float = 3.8):
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
+def scenario_panels(s: pd.DataFrame, scenario: str, empty_note: str, width: float,
+                    height: float):
+    """The points of ``scenario`` and a figure of two panels for them: (rows, fig, axes).
+
+    Without such points both panels hold only ``empty_note`` (the caller returns the figure).
+    """
+    rows = s[s["scenario"].eq(scenario)] if len(s) else s
+    fig, axes = new_figure(1, 2, width=width, height=height)
+    if rows.empty:
+        for ax in axes[0]:
+            only_note(ax, empty_note)
+    return rows, fig, axes
+
+
 def note(ax: Axes, text: str, where: str = "top") -> None:
     """A visible boxed note: ``top`` above the axes (between title and plot, so it never hides
     data), ``bottom`` inside the lower edge, ``center`` in the middle."""

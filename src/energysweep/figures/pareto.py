@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from energysweep.figures import draw
+import energysweep.figures.draw as draw
 from energysweep.figures.data import energy_quantity, throughput_quantity
 from energysweep.figures.style import layout_style
 

@@ -7,9 +7,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from energysweep.figures import draw
+import energysweep.figures.draw as draw
 from energysweep.figures.data import Quantity
 from energysweep.figures.style import layout_name, layout_style
+from energysweep.phases import HEADLINE_PHASES
 
 STAGE_COLUMNS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "phase",
                  "pp_rank", "gpu_energy_j", "gpu_energy_share", "cpu_time_s", "cpu_time_share"]
@@ -38,11 +39,9 @@ def prefill_decode(s: pd.DataFrame) -> Figure:
     Left: stacked bars (prefill hatched, decode solid) per layout and batch size. Right: decode
     energy per output token vs batch size (or, without energy, decode tokens per second).
     """
-    rows = s[s["scenario"].eq("inference")] if len(s) else s
-    fig, axes = draw.new_figure(1, 2, width=5.8, height=4.6)
+    rows, fig, axes = draw.scenario_panels(s, "inference", "no inference points in this sweep",
+                                           width=5.8, height=4.6)
     if rows.empty:
-        for ax in axes[0]:
-            draw.only_note(ax, "no inference points in this sweep")
         return fig
     share, of, split_note = _split(rows)
     rows = rows.assign(_share=share)
@@ -131,7 +130,7 @@ def stage_balance(stages: pd.DataFrame | None, s: pd.DataFrame | None = None) ->
     missing = [c for c in STAGE_COLUMNS if c not in stages]
     if missing:
         raise ValueError(f"results/stages.csv lacks columns {missing}")
-    st = stages[(stages["pp"] > 1) & stages["phase"].isin(["generate", "train"])]
+    st = stages[(stages["pp"] > 1) & stages["phase"].isin(HEADLINE_PHASES)]
     layouts = list(st.groupby(["backend", "scenario", "model", "tp", "pp", "dp"], sort=True))
     if not layouts:
         fig, axes = draw.new_figure(1, 1, width=6.5)

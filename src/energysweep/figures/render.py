@@ -7,7 +7,6 @@ from pathlib import Path
 import pandas as pd
 
 from energysweep import aggregate
-from energysweep.energy.sampler import FILENAME as POWER_FILE
 from energysweep.figures import (
     FIGURES,
     backends_compared,
@@ -22,6 +21,7 @@ from energysweep.figures import (
     timeline,
     training,
 )
+from energysweep.tables.power import FILENAME as POWER_FILE
 
 ENERGY_COLUMNS = [
     "job_id", "model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "repetition",

@@ -17,6 +17,8 @@ matplotlib.use("Agg")  # figures are files; never open a display (CI, Slurm node
 
 from matplotlib import colormaps  # noqa: E402
 
+from energysweep.phases import Phase  # noqa: E402
+
 # Which degrees are > 1 -> (colormap, marker). The empty key is the unparallelized layout.
 _FAMILIES = {
     (): (None, "o"),
@@ -29,7 +31,9 @@ _FAMILIES = {
     ("tp", "pp", "dp"): ("Greys", "*"),
 }
 BACKEND_LINESTYLES = {"pytorch": "-", "vllm": "--", "tensorrt-llm": ":"}
-PHASE_COLOURS = {"generate": "#4c72b0", "prefill": "#dd8452", "train": "#55a868"}
+PHASE_COLOURS = {
+    Phase.GENERATE.value: "#4c72b0", Phase.PREFILL.value: "#dd8452", Phase.TRAIN.value: "#55a868",
+}
 INVALID_LABEL = "invalid point (hollow; see invalid_reasons)"
 
 

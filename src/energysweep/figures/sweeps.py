@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from energysweep.figures import draw
+import energysweep.figures.draw as draw
 from energysweep.figures.data import Quantity, energy_quantity, throughput_quantity
 from energysweep.figures.style import layout_name, layout_style
 
@@ -154,11 +154,10 @@ def backends_compared(s: pd.DataFrame) -> Figure:
 
 def training(s: pd.DataFrame) -> Figure:
     """Question 8: training energy per training token and tokens/s vs global batch per layout."""
-    rows = s[s["scenario"].eq("training")] if len(s) else s
-    fig, axes = draw.new_figure(1, 2, width=5.6, height=4.4)
+    rows, fig, axes = draw.scenario_panels(
+        s, "training", "no training points in this sweep (scenarios has no training)",
+        width=5.6, height=4.4)
     if rows.empty:
-        for ax in axes[0]:
-            draw.only_note(ax, "no training points in this sweep (scenarios has no training)")
         return fig
     q, t = energy_quantity(rows, "training"), throughput_quantity(rows, "training")
 

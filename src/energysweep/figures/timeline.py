@@ -9,8 +9,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from energysweep.figures import draw
+import energysweep.figures.draw as draw
 from energysweep.figures.style import PHASE_COLOURS, layout_name
+from energysweep.phases import Phase
 
 MAX_JOBS = 12  # one figure stays readable; every sample is in the jobs' power.parquet files
 WINDOW_KEYS = ["job_id", "batch_size", "repetition", "phase"]
@@ -44,7 +45,7 @@ def job_order(wins: pd.DataFrame) -> pd.DataFrame:
 
 def _window_rate(w: pd.DataFrame) -> pd.Series:
     dur = (w["end_ns"] - w["start_ns"]) / 1e9
-    tokens = w["input_tokens"].where(w["phase"] == "train", w["output_tokens"])
+    tokens = w["input_tokens"].where(w["phase"] == Phase.TRAIN.value, w["output_tokens"])
     return (tokens / dur).where(dur > 0)
 
 
@@ -113,7 +114,7 @@ def _job_panel(ax, job: str, p: pd.DataFrame, w: pd.DataFrame) -> str | None:
         ax.axvspan(a, b, color=colour, alpha=0.18, gid=SPAN_GID, label="_window")
         ax.axvline(a, color=colour, linewidth=0.6, alpha=0.8)
         ax.axvline(b, color=colour, linewidth=0.6, alpha=0.8, linestyle=":")
-        if r["phase"] != "prefill":  # one label per repetition: its generate/train window
+        if r["phase"] != Phase.PREFILL.value:  # one label per repetition: its generate/train window
             ax.text(a, 1.0, f"bs{int(r['batch_size'])}", transform=ax.get_xaxis_transform(),
                     fontsize=6, va="bottom", ha="left", color="#333333")
     if len(samples):

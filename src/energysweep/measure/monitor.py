@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from energysweep import dist
-from energysweep.hw import nvml as hw_nvml
 from energysweep.energy import (
     STATUS_NOT_MEASURED,
     STATUS_NOT_READ,
@@ -14,6 +13,7 @@ from energysweep.energy import (
     make_source,
     wall_ns,
 )
+from energysweep.hw import nvml as hw_nvml
 
 
 def _power_w(energy_mj: float | None, duration_s: float) -> float | None:

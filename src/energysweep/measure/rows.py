@@ -1,14 +1,16 @@
-"""Rows of the shard schema (:mod:`energysweep.shards`): one per window, phase and GPU of a rank."""
+"""Rows of the shard schema (:mod:`energysweep.tables.shards`): one per window, phase and GPU
+of a rank."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from energysweep import dist, shards
+from energysweep import dist
 from energysweep.energy import STATUS_NOT_MEASURED, STATUS_UNAVAILABLE, GpuReading
-from energysweep.placement import Placement
 from energysweep.phases import Phase
+from energysweep.placement import Placement
+from energysweep.tables import shards
 
 
 def base_row(

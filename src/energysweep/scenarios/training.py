@@ -13,10 +13,11 @@ exactly ``seq_len`` tokens, so a global batch gives the same mean loss and gradi
 split over replicas or micro-batches; the integration tests check DP/TP/PP against one process
 within 1e-4.
 
-Row mapping (schema in :mod:`energysweep.shards`): ``phase = "train"``, ``iterations`` = optimizer
-steps in the window, ``requests`` = sequences trained on (all replicas), ``input_tokens`` = tokens
-trained on (all replicas), ``output_tokens`` = null (training generates nothing), ``loss`` = mean
-over the window's steps of the global-batch loss (gathered across DP replicas).
+Row mapping (schema in :mod:`energysweep.tables.shards`): ``phase = "train"``, ``iterations`` =
+optimizer steps in the window, ``requests`` = sequences trained on (all replicas),
+``input_tokens`` = tokens trained on (all replicas), ``output_tokens`` = null (training generates
+nothing), ``loss`` = mean over the window's steps of the global-batch loss (gathered across DP
+replicas).
 """
 
 from __future__ import annotations

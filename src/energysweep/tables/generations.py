@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from energysweep import shards
+from energysweep.tables.io import write_atomic
 
 SCHEMA = pa.schema(
     [
@@ -29,4 +29,4 @@ def write_generations(generations: list[list[dict]], path: str) -> None:
         key=lambda g: (g["batch_size"], g["iteration"], g["prompt_index"]),
     )
     table = pa.Table.from_pylist(gens, schema=SCHEMA)
-    shards.write_atomic(table, path)
+    write_atomic(table, path)

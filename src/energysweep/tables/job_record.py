@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from energysweep import shards
+from energysweep.tables import shards
+from energysweep.tables.io import write_text_atomic
 
 
 def write_job_record(
@@ -43,4 +44,4 @@ def write_job_record(
         "job_table_rows": job_table_rows,
         "schema_version": shards.SCHEMA_VERSION,
     }
-    shards.write_text_atomic(json.dumps(record, indent=2, default=str), spec["outputs"]["job_json"])
+    write_text_atomic(json.dumps(record, indent=2, default=str), spec["outputs"]["job_json"])

@@ -1,0 +1,212 @@
+"""The energy shard table: its one Parquet schema, the keys of a point and a window, the
+writer and the validating reader.
+
+A shard holds one measured window (or one failed grid point) of one job: one row per
+(rank, GPU) that took part. Nothing in a shard is 0 where nothing was measured: such values are
+null and the matching ``*_status`` column says why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from energysweep.tables.io import write_atomic
+
+# v2: phase prefill, energy_source, min_window_s, Zeus cross-check, idle baseline, host (RAPL)
+# energy, model_parameters, flops_estimate and loss (training) columns.
+# v3: launcher_processes and gpu_workers (what the process audit expects per launch mode).
+SCHEMA_VERSION = 3
+
+# The shard schema, one column a line: name, pyarrow type, "null" if the column may be null (else
+# "-"), meaning. An indented line continues the meaning above; "#" lines are headings. The README's
+# schema table is generated from it (markdown_table).
+_COLUMNS_TABLE = """
+# The job: one model load, one layout, one code version.
+schema_version          int16   -    version of this schema
+job_id                  string  -    unique id of the job run (one model load, one layout)
+config_hash             string  -    sha256 prefix of the settings that determine this job
+code_version            string  -    energysweep version + git commit (+dirty)
+model                   string  -    model name from the config
+backend                 string  -    pytorch | vllm | tensorrt-llm
+scenario                string  -    inference | training
+tp                      int16   -    tensor-parallel degree
+pp                      int16   -    pipeline-parallel degree
+dp                      int16   -    data-parallel degree
+world_size              int16   -    GPUs of the layout: tp*pp*dp
+launch_mode             string  -    torchrun (one process per GPU) | direct (one process per DP
+                                     replica; the engine spawns its GPU workers) | mpi (one replica
+                                     over several nodes, srun starts tp*pp MPI ranks)
+launcher_processes      int16   -    processes our code ran in, as the process audit checked them
+                                     (tp*pp*dp for torchrun, dp for direct, 1 for mpi)
+gpu_workers             int16   -    processes computing on a GPU: tp*pp*dp in every mode
+# The window: one (batch size, repetition, phase) of the job, and what ran in it.
+batch_size              int32   -    per-replica batch size
+global_batch_size       int32   -    batch_size * dp
+repetition              int16   -    repetition index of this window
+phase                   string  -    what the window ran: generate (output_tokens new tokens) |
+                                     prefill (1 new token) | train (optimizer steps)
+status                  string  -    ok | oom | error
+error                   string  null error message when status != ok
+window_start_ns         int64   null window start, ns since epoch (after sync + barrier)
+window_end_ns           int64   null window end, ns since epoch (after sync + barrier)
+iterations              int32   null measured iterations in the window (>= workload.iterations,
+                                     window >= min_window_s)
+min_window_s            float64 -    measurement.min_window_s the window was run with
+requests                int64   null prompts completed in the window, all replicas
+input_tokens            int64   null prompt tokens (excluding padding) in the window, all replicas
+output_tokens           int64   null generated tokens in the window, all replicas
+# The rank that wrote this row and where it ran.
+rank                    int32   -    global rank that produced this row
+local_rank              int32   -    rank within its node
+pid                     int64   -    process id of that rank
+host                    string  -    hostname of that rank
+device                  string  -    torch device the rank computed on (cpu, cuda:0)
+dp_rank                 int16   -    replica index of that rank
+pp_rank                 int16   -    pipeline stage of that rank
+tp_rank                 int16   -    tensor-parallel index of that rank
+is_writer               bool_   -    whether that rank writes its replica's outputs
+# The GPU this row measured, and its energy over the window.
+gpu_uuid                string  null GPU measured (UUID); null when no GPU energy was available
+gpu_index               int32   null NVML index of that GPU
+gpu_pci_bus_id          string  null PCI bus id of that GPU
+gpu_name                string  null product name of that GPU
+gpu_energy_mj           float64 null GPU energy over the window in mJ; null if not measured
+gpu_energy_status       string  -    measured | short-window | unavailable
+gpu_energy_method       string  -    how gpu_energy_mj was obtained
+gpu_energy_detail       string  null why energy is unavailable or flagged
+energy_source           string  -    GPU energy source used: nvml | zeus | cross-check | none (auto
+                                     resolved)
+gpu_energy_mj_zeus      float64 null cross-check: Zeus's energy for the same GPU and window in mJ
+gpu_energy_zeus_status  string  -    not-requested (source is not cross-check) | measured |
+                                     short-window | unavailable
+# The idle baseline measured before any window (the *_idle_adjusted_* figures subtract it).
+idle_window_s           float64 null length of the job's idle-baseline window in s (before any
+                                     window); null if none
+idle_gpu_power_w        float64 null this GPU's idle power in W (idle baseline)
+idle_gpu_power_status   string  -    measured | short-window | skipped (idle_baseline_s 0) |
+                                     unavailable
+# The host (RAPL) and this process's CPU time.
+host_energy_mj          float64 null RAPL CPU package energy of this host over the window in mJ
+                                     (local rank 0 rows only)
+host_dram_energy_mj     float64 null RAPL DRAM energy of this host in mJ
+host_energy_status      string  -    measured | not-read (another rank of this host reads it) |
+                                     unavailable
+host_energy_detail      string  null zones read, or why host energy is unavailable
+idle_host_power_w       float64 null this host's idle package power in W (RAPL)
+idle_host_power_status  string  -    measured | not-read | skipped | unavailable
+cpu_time_s              float64 null user+system CPU seconds of this rank's process in the window
+# The model and the work it did.
+model_parameters        int64   null parameters of one model replica (all its ranks)
+model_parameters_method string  -    counted (checkpoint config built on the meta device) | config
+                                     (models[].dims) | unavailable
+flops_estimate          float64 null ESTIMATE 2 * model_parameters * (input_tokens + output_tokens):
+                                     window FLOPs, all GPUs
+loss                    float64 null training: mean global-batch loss over the window's steps; null
+                                     for inference
+# The scheduler.
+slurm_job_id            string  null SLURM_JOB_ID, null outside Slurm
+slurm_partition         string  null SLURM_JOB_PARTITION
+slurm_nodelist          string  null SLURM_JOB_NODELIST
+# Per node: on a 2-node job every host sees e.g. "0,1". The job's GPU count is the layout's
+# tp*pp*dp (and sacct's gres/gpu), never these lists concatenated across hosts.
+allocated_gpus          string  null GPUs the scheduler gave this rank's node (CUDA_VISIBLE_DEVICES;
+                                     per node, not per job)
+"""
+
+
+def _parse_columns(text: str) -> list[tuple[str, pa.DataType, bool, str]]:
+    """:data:`_COLUMNS_TABLE` as (name, type, nullable, description) tuples, in order."""
+    columns: list[tuple[str, pa.DataType, bool, str]] = []
+    for line in text.strip("\n").splitlines():
+        if line.startswith("#"):
+            continue
+        if line.startswith(" "):  # the meaning above, continued
+            name, kind, nullable, meaning = columns[-1]
+            columns[-1] = (name, kind, nullable, f"{meaning} {line.strip()}")
+            continue
+        name, kind, nullable, meaning = line.split(maxsplit=3)
+        columns.append((name, getattr(pa, kind)(), nullable == "null", meaning))
+    return columns
+
+
+COLUMNS = _parse_columns(_COLUMNS_TABLE)
+
+# A measure job's directory holds one shard per (batch size, repetition), bs~B/rep~R.parquet, and
+# the same rows again in one file, the job table (what aggregation reads: one file per job).
+JOB_TABLE = "shards.parquet"
+
+# A grid point, and one measured window of it (a job runs each point's repetitions and phases).
+POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size"]
+WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
+
+SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null, _ in COLUMNS])
+
+
+class ShardError(ValueError):
+    """A file that is not a valid shard."""
+
+
+def to_table(rows: list[dict]) -> pa.Table:
+    """Rows (dicts with every column) to a table of the shard schema; checks nullability."""
+    missing = [n for n in SCHEMA.names if rows and n not in rows[0]]
+    if missing:
+        raise ShardError(f"rows lack columns {missing}")
+    extra = set().union(*(r.keys() for r in rows)) - set(SCHEMA.names) if rows else set()
+    if extra:
+        raise ShardError(f"rows have columns not in the schema: {sorted(extra)}")
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    for field in SCHEMA:
+        if not field.nullable and table.column(field.name).null_count:
+            raise ShardError(f"column {field.name} may not be null")
+    return table
+
+
+def concat(tables: list[pa.Table]) -> pa.Table:
+    """Shards (tables of this schema) as one table with one chunk; empty list: empty table."""
+    if not tables:
+        return SCHEMA.empty_table()
+    return pa.concat_tables(tables).combine_chunks()
+
+
+def write_shard(rows: list[dict], path: str | Path) -> None:
+    write_atomic(to_table(rows), path)
+
+
+def read_shard(path: str | Path) -> pa.Table:
+    """Read one shard (or job table) and check it has exactly the shard schema."""
+    # ParquetFile.read, not pq.read_table: no dataset discovery per file (2x faster on the many
+    # small files of a sweep, bench/merge_scaling.py).
+    table = pq.ParquetFile(path).read(use_threads=False)
+    if not table.schema.equals(SCHEMA, check_metadata=False):
+        raise ShardError(f"{path}: schema differs from energysweep.tables.shards.SCHEMA "
+                         f"v{SCHEMA_VERSION} ({schema_difference(table.schema)})")
+    return table
+
+
+def schema_difference(schema: pa.Schema) -> str:
+    """How ``schema`` differs from :data:`SCHEMA`: missing, extra and retyped columns."""
+    ours = {f.name: f for f in SCHEMA}
+    theirs = {f.name: f for f in schema}
+    parts = []
+    if missing := [n for n in ours if n not in theirs]:
+        parts.append(f"missing columns {missing}")
+    if extra := [n for n in theirs if n not in ours]:
+        parts.append(f"extra columns {extra}")
+    changed = [f"{n}: {theirs[n].type} (nullable={theirs[n].nullable}), expected "
+               f"{ours[n].type} (nullable={ours[n].nullable})"
+               for n in ours if n in theirs and not theirs[n].equals(ours[n])]
+    if changed:
+        parts.append("changed " + "; ".join(changed))
+    if not parts and schema.names != SCHEMA.names:
+        parts.append("columns in another order")
+    return ", ".join(parts) or "field metadata differs"
+
+
+def markdown_table() -> str:
+    """The schema as a Markdown table (for the README)."""
+    lines = ["| column | type | nullable | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{n}` | {t} | {'yes' if null else 'no'} | {d} |" for n, t, null, d in COLUMNS]
+    return "\n".join(lines)

@@ -21,12 +21,13 @@ window, so tests can exercise the failure paths of real jobs (tests/integration/
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
+
+from energysweep.jsonobj import parse_object
 
 ENV_VAR = "ENERGYSWEEP_TEST_FAULT"
 ACTIONS = ("raise", "kill", "hang")
@@ -74,12 +75,7 @@ def parse(text: str | None) -> Fault | None:
     """
     if text is None or not text.strip():
         return None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FaultSpecError(f"{ENV_VAR} is not JSON ({exc}): {text!r}") from exc
-    if not isinstance(obj, dict):
-        raise FaultSpecError(f"{ENV_VAR} must be a JSON object, got {text!r}")
+    obj = parse_object(text, ENV_VAR, FaultSpecError, "is not JSON", "must be a JSON object")
     unknown = sorted(set(obj) - {"action", "rank", "batch_size", "scenario", "step"})
     if unknown:
         raise FaultSpecError(f"{ENV_VAR}: unknown keys {unknown} in {text!r}")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
+
+from energysweep.jsonobj import parse_object
 
 PACKAGED = "prompts.jsonl"
 
@@ -40,12 +41,7 @@ def load_prompts(path: str | Path | None = None) -> list[str]:
         if not line.strip():
             continue
         where = f"{name}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f'{where}: expected an object {{"id": int, "text": str}}')
+        obj = parse_object(line, where, not_object='expected an object {"id": int, "text": str}')
         pid, text = obj.get("id"), obj.get("text")
         # bool is an int subclass; `true` as an id is a mistake, not id 1.
         if type(pid) is not int:

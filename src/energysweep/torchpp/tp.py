@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from energysweep.grid import ModelDims, ParallelLayout
 from energysweep.torchpp.stage import decoder
 
 
@@ -128,14 +129,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, mode: str = "local") -> Non
     tp = tp_mesh.size()
     cfg = model.config
     heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    for name, value in (
-        ("num_attention_heads", heads),
-        ("num_key_value_heads", kv_heads),
-        ("intermediate_size", cfg.intermediate_size),
-    ):
-        if value % tp:
-            raise ValueError(f"tp={tp} does not divide {name}={value}")
+    # The one "tp divides the heads" rule (the grid skips such layouts before any job exists).
+    reasons = ParallelLayout(tp=tp).unrunnable_reasons(ModelDims.from_hf_config(cfg.to_dict()))
+    if reasons:
+        raise ValueError("; ".join(reasons))
     inner = decoder(model)
     sharded: list[tuple[nn.Module, str, str]] = []
     for layer in inner.layers:

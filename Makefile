@@ -71,9 +71,13 @@ run: $(STAMP) $(VLLM_STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local --report results/report.html --report-after-run
 	@echo "report: $(CURDIR)/results/report.html  (summary: results/summary.csv)"
 
-# The report test opens results/report.html in Debian's headless chromium.
-test: $(STAMP) $(VLLM_STAMP) chromium
-	$(BIN)/python -m pytest -q
+# The report test opens results/report.html in Debian's headless chromium. The two environments
+# and chromium are built side by side (mostly downloads and unpacking). Tests run on 2 xdist
+# workers: every Slurm test on one (they mostly wait on the scheduler), the rest on the other
+# (tests/conftest.py, group_for_xdist).
+test:
+	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && \

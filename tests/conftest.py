@@ -26,27 +26,6 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
 def pytest_collection_modifyitems(config, items):
     # Single-node and multi-node clusters cannot run at once: group tests by mode.
     order_multinode_last(items)
-    group_for_xdist(items)
-
-
-def group_for_xdist(items: list) -> None:
-    """Work units for ``pytest -n 2 --dist loadgroup`` (what `make test` runs).
-
-    Every Slurm test goes to ONE worker, first and in the order above (one cluster at a time,
-    fewest mode switches): those tests mostly wait on the scheduler, so the other worker runs
-    the rest meanwhile. Each other integration module is one unit, so its module-scoped
-    fixture (a whole sweep) runs once; unit tests are spread one by one. Without xdist the
-    marks are inert and only the order changes.
-    """
-    slurm = [item for item in items if item.get_closest_marker("slurm")]
-    rest = [item for item in items if not item.get_closest_marker("slurm")]
-    items[:] = slurm + rest
-    for item in slurm:
-        item.add_marker(pytest.mark.xdist_group("slurm"))
-    for item in rest:
-        module = item.nodeid.split("::", 1)[0]
-        if "/integration/" in f"/{module}":
-            item.add_marker(pytest.mark.xdist_group(module))
 
 
 # The default sweep at a small workload, as `make run` runs it (report built by the same run).

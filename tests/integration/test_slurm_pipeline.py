@@ -72,10 +72,28 @@ def now() -> str:
 
 
 @pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S * 2 + 300)
-def test_default_sweep_through_slurm(slurm_cluster, local_run, tmp_path):
+def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
     wf = workflow_copy(tmp_path / "slurm")
-    proc = snakemake(wf, write_config(wf, SMALL))
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    cfg = write_config(wf, SMALL)
+    argv = ["timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S), "snakemake", *SLURM, cfg]
+    log_path = tmp_path / "snakemake-slurm.log"
+    with open(log_path, "w") as log:
+        sm = subprocess.Popen(argv, cwd=wf, env=test_env(slurm=True), stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        # Meanwhile (the Slurm sweep mostly waits on the scheduler) the same sweep on the local
+        # profile: the session's run, shared with test_pipeline_local (done already if it ran).
+        local, _ = request.getfixturevalue("local_run")
+        sm.wait(timeout=SNAKEMAKE_TIMEOUT_S + 60)
+    finally:
+        if sm.poll() is None:  # `timeout` passes SIGTERM on to Snakemake
+            sm.terminate()
+            try:
+                sm.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                sm.kill()
+                sm.wait(timeout=30)
+    assert sm.returncode == 0, log_path.read_text()[-5000:]
     e = pd.read_parquet(wf / "results" / "energy.parquet")
 
     # One COMPLETED Slurm job per layout and scenario (the default sweep has inference and
@@ -96,9 +114,7 @@ def test_default_sweep_through_slurm(slurm_cluster, local_run, tmp_path):
     gpus_seen = e.groupby(["tp", "pp", "dp"])["allocated_gpus"].first().str.split(",").map(len)
     assert all(n == tp * pp * dp for (tp, pp, dp), n in gpus_seen.items())
 
-    # Same schema and row count as the same sweep on the local profile (the session's local run
-    # of the same config, shared with test_pipeline_local).
-    local, _ = local_run
+    # Same schema and row count as the same sweep on the local profile.
     le = pd.read_parquet(local / "results" / "energy.parquet")
     assert list(le.columns) == list(e.columns)
     assert dict(le.dtypes) == dict(e.dtypes)

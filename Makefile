@@ -71,9 +71,21 @@ run: $(STAMP) $(VLLM_STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local --report results/report.html --report-after-run
 	@echo "report: $(CURDIR)/results/report.html  (summary: results/summary.csv)"
 
-# The report test opens results/report.html in Debian's headless chromium.
-test: $(STAMP) $(VLLM_STAMP) chromium
-	$(BIN)/python -m pytest -q
+# The report test opens results/report.html in Debian's headless chromium. The two environments
+# and chromium are built side by side (mostly downloads and unpacking). Then two pytest sessions
+# run side by side: the Slurm tests (one real cluster at a time, in order; they mostly wait on
+# the scheduler) and all the others. The Slurm session's output is printed when both are done;
+# the target fails if either does.
+test:
+	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
+	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); \
+	$(BIN)/python -m pytest -q -m slurm >"$$log" 2>&1 & slurm_pid=$$!; \
+	trap 'kill $$slurm_pid 2>/dev/null; wait $$slurm_pid; rm -f "$$log"' INT TERM; \
+	$(BIN)/python -m pytest -q -m "not slurm"; rest=$$?; \
+	wait $$slurm_pid; slurm=$$?; \
+	echo "=== Slurm tests (pytest -m slurm, run alongside the above) ==="; cat "$$log"; rm -f "$$log"; \
+	echo "pytest -m 'not slurm': exit $$rest; pytest -m slurm: exit $$slurm"; \
+	[ $$rest -eq 0 ] && [ $$slurm -eq 0 ]
 
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && \

@@ -28,6 +28,34 @@ def pytest_collection_modifyitems(config, items):
     order_multinode_last(items)
 
 
+# The default sweep at a small workload, as `make run` runs it (report built by the same run).
+# One run per session: test_pipeline_local checks its outputs, test_slurm_pipeline compares the
+# same sweep through Slurm with it (schema, row counts).
+SMALL = {
+    "workload": {"batch_sizes": [1, 4], "repetitions": 2, "iterations": 1},
+}
+LOCAL_RUN_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory) -> tuple[Path, str]:
+    """The default sweep (PyTorch, SMALL) on the local profile: (workflow dir, config path)."""
+    import subprocess
+
+    import yaml
+
+    wf = workflow_copy(tmp_path_factory.mktemp("local"))
+    (wf / "config" / "test.yaml").write_text(yaml.safe_dump(SMALL))
+    cfg = "config/test.yaml"
+    proc = subprocess.run(
+        ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}",
+         "--report", "results/report.html", "--report-after-run"],
+        cwd=wf, env=test_env(), capture_output=True, text=True, timeout=LOCAL_RUN_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return wf, cfg
+
+
 @pytest.fixture
 def fake_nvml(monkeypatch):
     """Install a fake pynvml (real constants/errors) wherever energysweep imports it."""

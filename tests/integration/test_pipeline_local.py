@@ -17,9 +17,8 @@ from headless_chromium import Chromium
 
 pytestmark = [pytest.mark.integration]
 
-SMALL = {
-    "workload": {"batch_sizes": [1, 4], "repetitions": 2, "iterations": 1},
-}
+# `local_run` (the default sweep at SMALL, with its HTML report) is a session fixture in
+# tests/conftest.py: tests/integration/test_slurm_pipeline.py compares its Slurm sweep with it.
 
 
 def snakemake(wf, *args, timeout=600):
@@ -37,18 +36,6 @@ def write_config(wf, over: dict, name="test.yaml"):
     path = wf / "config" / name
     path.write_text(yaml.safe_dump(over))
     return f"config/{name}"
-
-
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory):
-    wf = workflow_copy(tmp_path_factory.mktemp("local"))
-    cfg = write_config(wf, SMALL)
-    # As `make run` does: the HTML report is built by the same run (one start-up).
-    proc = snakemake(
-        wf, f"--configfile={cfg}", "--report", "results/report.html", "--report-after-run"
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return wf, cfg
 
 
 @pytest.mark.timeout(900)

@@ -67,6 +67,18 @@ def rule_jobs(since: str, rule: str) -> pd.DataFrame:
     return df[df["comment"].str.contains(f"rule_{rule}", regex=False)].reset_index(drop=True)
 
 
+def stop_snakemake(sm: subprocess.Popen) -> None:
+    """Stop a Snakemake still running: SIGTERM (it passes it on to its jobs), SIGKILL after 30 s."""
+    if sm.poll() is not None:
+        return
+    sm.terminate()
+    try:
+        sm.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        sm.kill()
+        sm.wait(timeout=30)
+
+
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -86,13 +98,7 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
         local, _ = request.getfixturevalue("local_run")
         sm.wait(timeout=SNAKEMAKE_TIMEOUT_S + 60)
     finally:
-        if sm.poll() is None:  # `timeout` passes SIGTERM on to Snakemake
-            sm.terminate()
-            try:
-                sm.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                sm.kill()
-                sm.wait(timeout=30)
+        stop_snakemake(sm)
     assert sm.returncode == 0, log_path.read_text()[-5000:]
     e = pd.read_parquet(wf / "results" / "energy.parquet")
 
@@ -180,12 +186,7 @@ def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(slurm_clust
         finally:
             # Plugin 2.8 may wait a long time on a cancelled job; the user's move is to stop
             # Snakemake and rerun it, which is what is tested here.
-            sm.terminate()
-            try:
-                sm.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                sm.kill()
-                sm.wait(timeout=30)
+            stop_snakemake(sm)
     assert not list(job_dir.glob("bs~*/rep~*.parquet"))
     # A stopped Snakemake may leave its lock; unlocking is the documented first step of a rerun.
     unlock = snakemake(wf, cfg, "--unlock")

@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 # numpy < 2.4 and transformers < 5.20, the Slurm executor plugin numpy >= 2.4.5, so the engine
 # cannot live in Snakemake's venv. Measure jobs of backend vllm start their ranks with
 # $(VLLM_VENV)/bin/python (config `environments.vllm`); energysweep reaches them via PYTHONPATH
-# (energysweep.launch.build_env), so it is not installed here, and neither is snakemake.
+# (energysweep.launch.argv.build_env), so it is not installed here, and neither is snakemake.
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -94,6 +94,7 @@ chromium:
 lint: $(STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) --lint
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/snakefmt --check Snakefile rules
 
 # Can this machine (or, with PROFILE=profiles/slurm, the sweep's nodes) measure energy? Always

@@ -2,7 +2,7 @@
 
 Ours: the real workflow runs one measure job per layout (`snakemake --cores 2 --forcerun measure
 <job.json>`), with a `benchmark:` directive added to the measure rule of the bench's copy so
-Snakemake itself records the job's wall time (its script wrapper, launch.py, torchrun, the
+Snakemake itself records the job's wall time (its script wrapper, energysweep.launch, torchrun, the
 ranks' imports, dist init, model load, shard and job.json writes, teardown). The measurement
 protocol is set to its minimum (no warm-up, idle baseline, cooldown or prefill pass; one batch
 size, one repetition, min_window_s 0), so what is left besides the window is overhead. Its

@@ -7,7 +7,7 @@ same rows in one file per job; each job's job.json), for 5 models x 2 backends x
 
 - naive: ``pd.concat([pd.read_parquet(p) for p in shards]).to_parquet(out)`` over the 10,000
   shards (the peer baseline: it writes the merged rows and computes no summary);
-- ours:  ``energysweep.aggregate.aggregate`` as the merge_shards rule calls it (over
+- ours:  ``energysweep.results.aggregate`` as the merge_shards rule calls it (over
   ``job_table_paths``: one file per job): the merged dataset, summary.csv and the environment
   table, each step timed. What the job tables cost the jobs (one more write of rows rank 0
   already holds) is timed while generating and printed;
@@ -190,6 +190,8 @@ def child(side: str, listing: Path, out: Path) -> None:
     import pandas as pd
 
     from energysweep import aggregate as agg
+    from energysweep import results
+    from energysweep.aggregate import publish
 
     spec = json.loads(listing.read_text())
     paths, jobs = spec["shards"], spec["jobs"]
@@ -216,17 +218,24 @@ def child(side: str, listing: Path, out: Path) -> None:
 
             return wrapper
 
-        for name in ("merge", "write_dataset", "_write_dataset_tmp", "windows", "summarize",
-                     "environment_table"):
-            if hasattr(agg, name):
-                setattr(agg, name, timed(name, getattr(agg, name)))
+        for name in (
+            "merge",
+            "write_dataset",
+            "_write_dataset_tmp",
+            "windows",
+            "summarize",
+            "environment_table",
+        ):
+            for module in (results, publish):  # where aggregate() looks them up
+                if hasattr(module, name):
+                    setattr(module, name, timed(name, getattr(module, name)))
         kwargs = {}
-        params = inspect.signature(agg.aggregate).parameters
+        params = inspect.signature(results.aggregate).parameters
         if "jobs" in params:
             kwargs = {"jobs": jobs, "environment_out": out / "environment.parquet"}
         if side == "ours":  # as scripts/aggregate.py does: the job tables next to job.json
             paths = agg.job_table_paths(jobs)
-        agg.aggregate(paths, out / "energy.parquet", out / "summary.csv", **kwargs)
+        results.aggregate(paths, out / "energy.parquet", out / "summary.csv", **kwargs)
         total = time.perf_counter() - start
         steps["other"] = total - sum(steps.values())  # to_pandas, the CSV
     total = time.perf_counter() - start
@@ -319,7 +328,6 @@ def main() -> None:
         f"{per_shard['total_s']:.2f} s aggregating them; "
         f"peak RSS ours {ours['peak_rss_mb']:.0f} MB naive {naive['peak_rss_mb']:.0f} MB; "
         f"goal >= {GOAL_SPEEDUP:.0f}x and <= {GOAL_S:.0f} s: {'met' if met else 'MISSED'}"
-
     )
 
 

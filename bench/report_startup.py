@@ -33,25 +33,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    snakemake = [str(VENV_BIN / "snakemake"), "--profile", "profiles/local",
-                 "--configfile", "config/bench.yaml"]
+    snakemake = [
+        str(VENV_BIN / "snakemake"),
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        "config/bench.yaml",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         wf = workflow_copy(Path(tmp) / "wf")
         (wf / "config" / "bench.yaml").write_text(yaml.safe_dump(SWEEP))
-        check(timed([*snakemake, "--report", "results/report.html", "--report-after-run"], wf,
-                    timeout_s=1200), "the sweep")
+        check(
+            timed(
+                [*snakemake, "--report", "results/report.html", "--report-after-run"],
+                wf,
+                timeout_s=1200,
+            ),
+            "the sweep",
+        )
         two, one = [], []
         for _ in range(args.rounds):
             a = check(timed([*snakemake, *FORCE], wf), "run")
             b = check(timed([*snakemake, "--report", "results/report.html"], wf), "report")
             two.append((a.wall_s + b.wall_s, a.cpu_s + b.cpu_s))
-            c = check(timed([*snakemake, *FORCE, "--report", "results/report.html",
-                             "--report-after-run"], wf), "run + report")
+            c = check(
+                timed(
+                    [*snakemake, *FORCE, "--report", "results/report.html", "--report-after-run"],
+                    wf,
+                ),
+                "run + report",
+            )
             one.append((c.wall_s, c.cpu_s))
     print(machine())
     for name, xs in (("two start-ups", two), ("one start-up ", one)):
-        print(f"{name}: wall {statistics.mean(x[0] for x in xs):6.1f} s, "
-              f"CPU {statistics.mean(x[1] for x in xs):6.1f} s  ({len(xs)} rounds)")
+        print(
+            f"{name}: wall {statistics.mean(x[0] for x in xs):6.1f} s, "
+            f"CPU {statistics.mean(x[1] for x in xs):6.1f} s  ({len(xs)} rounds)"
+        )
     saved_wall = statistics.mean(x[0] for x in two) - statistics.mean(x[0] for x in one)
     saved_cpu = statistics.mean(x[1] for x in two) - statistics.mean(x[1] for x in one)
     print(f"one start-up saves {saved_wall:.1f} s wall, {saved_cpu:.1f} s CPU per make run")

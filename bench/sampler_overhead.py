@@ -52,7 +52,7 @@ def make_decoder(device: str):
     import torch
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-    from energysweep.tinymodel import DEFAULT_SPEC
+    from energysweep.sweep.tinymodel import DEFAULT_SPEC
 
     torch.manual_seed(0)
     cfg = {k: v for k, v in DEFAULT_SPEC.items() if k != "seed"}

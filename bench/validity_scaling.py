@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
-from energysweep import aggregate, recheck, stages, validity  # noqa: E402
+from energysweep import aggregate  # noqa: E402
 from energysweep.tables import shards  # noqa: E402
+from energysweep.validity import recheck, stages  # noqa: E402
+from energysweep.validity import verdict as validity  # noqa: E402
 
 from tests_rows import row  # noqa: E402
 
@@ -48,22 +50,49 @@ def build(jobs: int, gpus: int, pp: int):
             for rep in range(5):
                 for phase in ("prefill", "generate"):
                     for g in range(gpus):
-                        rows.append(row(
-                            job_id=job, tp=gpus // pp, pp=pp, world_size=gpus, batch_size=bs,
-                            global_batch_size=bs, repetition=rep, phase=phase, rank=g, pid=g,
-                            pp_rank=g // (gpus // pp), gpu_uuid=f"GPU-{j}-{g}",
-                            window_start_ns=t, window_end_ns=t + window_ns,
-                            iterations=32, requests=32 * bs, gpu_energy_mj=1.5e6,
-                            idle_gpu_power_w=60.0, idle_gpu_power_status="measured"))
+                        rows.append(
+                            row(
+                                job_id=job,
+                                tp=gpus // pp,
+                                pp=pp,
+                                world_size=gpus,
+                                batch_size=bs,
+                                global_batch_size=bs,
+                                repetition=rep,
+                                phase=phase,
+                                rank=g,
+                                pid=g,
+                                pp_rank=g // (gpus // pp),
+                                gpu_uuid=f"GPU-{j}-{g}",
+                                window_start_ns=t,
+                                window_end_ns=t + window_ns,
+                                iterations=32,
+                                requests=32 * bs,
+                                gpu_energy_mj=1.5e6,
+                                idle_gpu_power_w=60.0,
+                                idle_gpu_power_status="measured",
+                            )
+                        )
                     t += window_ns + 10**9
         times = np.arange(t0 - 10**9, t + 10**9, 10**8)
         for g in range(gpus):
-            power.append(pd.DataFrame({
-                "job_id": job, "gpu_uuid": f"GPU-{j}-{g}", "time_ns": times,
-                "power_mw": 300_000, "energy_counter_mj": (times - times[0]) // 10**6 * 300,
-                "clock_event_reasons": 4}))
-    return (shards.to_table(rows).to_pandas(), pd.concat(power, ignore_index=True),
-            pd.DataFrame(idle))
+            power.append(
+                pd.DataFrame(
+                    {
+                        "job_id": job,
+                        "gpu_uuid": f"GPU-{j}-{g}",
+                        "time_ns": times,
+                        "power_mw": 300_000,
+                        "energy_counter_mj": (times - times[0]) // 10**6 * 300,
+                        "clock_event_reasons": 4,
+                    }
+                )
+            )
+    return (
+        shards.to_table(rows).to_pandas(),
+        pd.concat(power, ignore_index=True),
+        pd.DataFrame(idle),
+    )
 
 
 def main() -> None:
@@ -88,12 +117,16 @@ def main() -> None:
     out = validity.annotate(summary, rows, table)
     t["annotate"] = time.process_time() - t0
     hook = t["recheck"] + t["stages"] + t["annotate"]
-    print(f"{args.jobs} jobs, {n_gpu_windows} GPU-windows, {len(power)} power samples, "
-          f"{len(out)} points")
+    print(
+        f"{args.jobs} jobs, {n_gpu_windows} GPU-windows, {len(power)} power samples, "
+        f"{len(out)} points"
+    )
     for k, v in t.items():
         print(f"  {k:<10} {v:7.2f} s")
-    print(f"trust hook / summarize = {hook / t['summarize']:.2f}x "
-          f"({hook / n_gpu_windows * 1e6:.0f} us per GPU-window)")
+    print(
+        f"trust hook / summarize = {hook / t['summarize']:.2f}x "
+        f"({hook / n_gpu_windows * 1e6:.0f} us per GPU-window)"
+    )
     ratio = table.loc[table["scope"] == "window", "timeline_counter_ratio"]
     print(f"check: window timeline/counter ratio median {ratio.median():.3f} (expect 1.000)")
 

@@ -56,7 +56,7 @@ rule merge_shards:
         energy=update(directory("results/energy.parquet")),
         summary=update("results/summary.csv"),
         environment=update("results/environment.parquet"),
-        # Timeline vs counter energy per window and GPU (energysweep.recheck; README,
+        # Timeline vs counter energy per window and GPU (energysweep.validity.recheck; README,
         # "Independent re-check"), and energy / CPU time per pipeline stage.
         validation=update("results/validation.parquet"),
         stages=update("results/stages.csv"),

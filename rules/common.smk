@@ -1,6 +1,6 @@
-# Grid construction and input functions. The grid logic itself lives in energysweep.sweep /
-# energysweep.placement / energysweep.jobspec / energysweep.config; this file only turns it into
-# Snakemake patterns.
+# Grid construction and input functions. The grid logic itself lives in energysweep.sweep.grid
+# (config, grid) and energysweep.job (placement, spec); this file only turns it into Snakemake
+# patterns.
 import sys
 from pathlib import Path
 
@@ -9,13 +9,13 @@ from snakemake.utils import Paramspace
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from energysweep import config as es_config
-from energysweep import environments as es_environments
-from energysweep.envinfo import code_version
-from energysweep.backends.registry import BACKENDS
-from energysweep.grid import ParallelLayout
-from energysweep.jobspec import JobDir, JobSpec
-from energysweep.placement import Placement
+from energysweep.sweep import config as es_config
+from energysweep.sweep import interpreters
+from energysweep.measure.provenance import code_version
+from energysweep.job.backends import BACKENDS
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import JobDir, JobSpec
+from energysweep.job.placement import Placement
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -24,7 +24,7 @@ es_config.validate_schema(
 )
 USE_CONDA = "conda" in str(workflow.deployment_settings.deployment_method).lower()
 # Every backend's environment is checked here, before any job: its interpreter exists and the
-# engine imports there (energysweep.environments).
+# engine imports there (energysweep.sweep.interpreters).
 es_config.check(
     config,
     base_dir=Path.cwd(),
@@ -52,7 +52,7 @@ JOBS = pd.DataFrame(
 )
 PARAMS = Paramspace(JOBS)
 JOB_DIR = f"results/shards/{PARAMS.wildcard_pattern}"
-# Every output path of one job (energysweep.jobspec.JobDir), as wildcard patterns.
+# Every output path of one job (energysweep.job.spec.JobDir), as wildcard patterns.
 JOB_PATHS = JobDir(JOB_DIR)
 
 
@@ -70,13 +70,13 @@ def world_size(wildcards):
 
 
 def get_placement(wildcards):
-    """The job's placement on nodes (energysweep.placement.Placement)."""
+    """The job's placement on nodes (energysweep.job.placement.Placement)."""
     layout = ParallelLayout(int(wildcards.tp), int(wildcards.pp), int(wildcards.dp))
     return Placement(layout, wildcards.backend, config["parallel"]["gpus_per_node"])
 
 
 def get_node_request(wildcards):
-    """What each node of this job is asked for (energysweep.placement.Placement)."""
+    """What each node of this job is asked for (energysweep.job.placement.Placement)."""
     return get_placement(wildcards).node_request
 
 
@@ -110,7 +110,7 @@ def get_gres(wildcards):
 
 
 def get_mpi(wildcards):
-    """Multi-node jobs are not wrapped in `srun -n1`: launch.py starts one torchrun per node."""
+    """Multi-node jobs are not wrapped in `srun -n1`: energysweep.launch.argv starts one torchrun per node."""
     return "srun" if multi_node(wildcards) else None
 
 
@@ -139,9 +139,9 @@ def get_conda_env(wildcards):
 
 
 def get_python(wildcards):
-    """Interpreter of the job's ranks (energysweep.environments decides); "" = the job's own."""
+    """Interpreter of the job's ranks (energysweep.sweep.interpreters decides); "" = the job's own."""
     return (
-        es_environments.interpreter(
+        interpreters.interpreter(
             wildcards.backend, config["environments"], workflow.basedir, USE_CONDA
         )
         or ""
@@ -163,7 +163,7 @@ def get_model_dir(wildcards, input):
 def get_job_spec(wildcards):
     """Everything a job's ranks need, as data (written to JSON, never through a shell).
 
-    Built once here (energysweep.jobspec.JobSpec); Snakemake params get its JSON form, which
+    Built once here (energysweep.job.spec.JobSpec); Snakemake params get its JSON form, which
     scripts/measure.py turns back into a JobSpec.
     """
     return JobSpec.from_config(

@@ -6,7 +6,7 @@ rule measure:
     input:
         unpack(get_model_input),
     output:
-        # Paths from energysweep.jobspec.JobDir: one per batch size and repetition.
+        # Paths from energysweep.job.spec.JobDir: one per batch size and repetition.
         shards=JOB_PATHS.shards(BATCH_SIZES, REPS),
         # The job's shards again, in one file: what merge_shards reads.
         job_table=JOB_PATHS.job_table,
@@ -30,7 +30,7 @@ rule measure:
     params:
         spec=get_job_spec,
         model_dir=get_model_dir,
-        # The backend's environment (energysweep.environments): the ranks' interpreter.
+        # The backend's environment (energysweep.sweep.interpreters): the ranks' interpreter.
         python=get_python,
     script:
         "../scripts/measure.py"

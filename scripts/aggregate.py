@@ -5,8 +5,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
-from energysweep.aggregate import aggregate, job_table_paths  # noqa: E402
-from energysweep.steplog import snakemake_options, step_log  # noqa: E402
+from energysweep.aggregate import job_table_paths  # noqa: E402
+from energysweep.results import aggregate  # noqa: E402
+from energysweep.util.steplog import snakemake_options, step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):

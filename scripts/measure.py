@@ -5,9 +5,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
-from energysweep.jobspec import JobDir, JobSpec  # noqa: E402
-from energysweep.launch import run_job  # noqa: E402
-from energysweep.steplog import step_log  # noqa: E402
+from energysweep.job.spec import JobDir, JobSpec  # noqa: E402
+from energysweep.launch.job import run_job  # noqa: E402
+from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule) as log:

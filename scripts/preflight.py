@@ -1,4 +1,4 @@
-"""Snakemake step: energy preflight of the node this job landed on (energysweep.preflight)."""
+"""Snakemake step: energy preflight of the node this job landed on (validity.preflight)."""
 
 import os
 import sys
@@ -6,9 +6,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
-from energysweep import preflight  # noqa: E402
 from energysweep.hw import nvml as hw_nvml  # noqa: E402
-from energysweep.steplog import step_log  # noqa: E402
+from energysweep.util.steplog import step_log  # noqa: E402
+from energysweep.validity import preflight  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):

@@ -48,9 +48,20 @@ def local_run(tmp_path_factory) -> tuple[Path, str]:
     (wf / "config" / "test.yaml").write_text(yaml.safe_dump(SMALL))
     cfg = "config/test.yaml"
     proc = subprocess.run(
-        ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}",
-         "--report", "results/report.html", "--report-after-run"],
-        cwd=wf, env=test_env(), capture_output=True, text=True, timeout=LOCAL_RUN_TIMEOUT_S,
+        [
+            "snakemake",
+            "--profile",
+            "profiles/local",
+            f"--configfile={cfg}",
+            "--report",
+            "results/report.html",
+            "--report-after-run",
+        ],
+        cwd=wf,
+        env=test_env(),
+        capture_output=True,
+        text=True,
+        timeout=LOCAL_RUN_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return wf, cfg

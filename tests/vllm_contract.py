@@ -29,14 +29,22 @@ def main() -> int:
 
     from energysweep.backends import vllm_backend
     from energysweep.backends.engine_common import job_options
-    from energysweep.grid import ParallelLayout
+    from energysweep.job.layout import ParallelLayout
 
     assert vllm.__version__ == vllm_backend.TESTED_VERSION == fake_engines.VLLM_VERSION, (
-        vllm.__version__, vllm_backend.TESTED_VERSION, fake_engines.VLLM_VERSION)
+        vllm.__version__,
+        vllm_backend.TESTED_VERSION,
+        fake_engines.VLLM_VERSION,
+    )
 
     # Engine arguments: every name we pass is an EngineArgs field, and EngineArgs takes them.
-    spec = {"job": {"backend": "vllm"}, "dtype": "bfloat16", "seed": 7, "batch_sizes": [1, 32],
-            "workload": {"max_input_tokens": 512, "output_tokens": 256}}
+    spec = {
+        "job": {"backend": "vllm"},
+        "dtype": "bfloat16",
+        "seed": 7,
+        "batch_sizes": [1, 32],
+        "workload": {"max_input_tokens": 512, "output_tokens": 256},
+    }
     opts = job_options(spec)
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     llm_params = inspect.signature(LLM.__init__).parameters
@@ -50,7 +58,12 @@ def main() -> int:
     # Sampling: our kwargs, and the fake's fields and defaults are the real ones.
     sp = SamplingParams(**vllm_backend.sampling_kwargs(256))
     assert (sp.max_tokens, sp.min_tokens, sp.ignore_eos, sp.temperature, sp.detokenize) == (
-        256, 256, True, 0.0, False)
+        256,
+        256,
+        True,
+        0.0,
+        False,
+    )
     real_default = SamplingParams()
     for f in dataclasses.fields(fake_engines.VllmSamplingParams):
         assert getattr(real_default, f.name) == f.default, f"SamplingParams.{f.name}"
@@ -61,8 +74,7 @@ def main() -> int:
         assert f.name in real_stats, f"RequestStateStats.{f.name}"
         assert real_stats[f.name].default == f.default, f"RequestStateStats.{f.name} default"
     src = inspect.getsource(vllm_backend.request_timing)
-    for name in ("num_generation_tokens", "first_token_ts", "last_token_ts",
-                 "first_token_latency"):
+    for name in ("num_generation_tokens", "first_token_ts", "last_token_ts", "first_token_latency"):
         assert name in real_stats and name in src, name
 
     # Outputs: what the fake's RequestOutput / CompletionOutput carry, the real ones take.
@@ -84,13 +96,21 @@ def main() -> int:
     # Teardown, start-up timing and environment variables energysweep uses.
     assert callable(parallel_state.destroy_model_parallel)
     assert "compilation_time" in {f.name for f in dataclasses.fields(CompilationConfig)}
-    assert {"VLLM_PORT", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE",
-            "VLLM_CPU_OMP_THREADS_BIND"} <= set(envs.environment_variables)
+    assert {
+        "VLLM_PORT",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_CPU_OMP_THREADS_BIND",
+    } <= set(envs.environment_variables)
 
     # external_launcher with data_parallel_size=1 builds a tp*pp world per replica.
     os.environ["RANK"] = "0"
-    pc = ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2, data_parallel_size=1,
-                        distributed_executor_backend="external_launcher")
+    pc = ParallelConfig(
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        data_parallel_size=1,
+        distributed_executor_backend="external_launcher",
+    )
     assert pc.world_size == 4
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     print("vllm contract ok:", vllm.__version__)

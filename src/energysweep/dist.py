@@ -3,7 +3,7 @@
 The audit makes the "degree 2, one effective worker" bug impossible: every rank reports who it is,
 and rank 0 refuses to measure unless the processes it sees are exactly the layout's world.
 
-What that world is depends on the backend's launch mode (energysweep.placement.Placement): under
+What that world is depends on the backend's launch mode (energysweep.job.placement.Placement): under
 torchrun one process per rank (tp*pp*dp); under direct/mpi one process per DP replica, whose GPU
 workers the engine spawns itself. ``backend`` defaults to ``pytorch`` (torchrun).
 """
@@ -15,9 +15,9 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from energysweep.backends.registry import BACKENDS
-from energysweep.grid import ParallelLayout, RankCoords
-from energysweep.placement import Placement
+from energysweep.job.backends import BACKENDS
+from energysweep.job.layout import ParallelLayout, RankCoords
+from energysweep.job.placement import Placement
 
 
 class LayoutMismatch(RuntimeError):
@@ -36,8 +36,12 @@ _AGREEMENT_GROUP = None
 # Messages of gloo's (and NCCL's) communication failures: a timed-out or broken collective. After
 # one, the process group is unusable (gloo closes the pairs), so the job cannot go on.
 _COMM_FAILURE_MARKS = (
-    "Timed out waiting", "Connection closed by peer", "pair closure", "Connection reset by peer",
-    "NCCL communicator was aborted", "Watchdog caught collective operation timeout",
+    "Timed out waiting",
+    "Connection closed by peer",
+    "pair closure",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+    "Watchdog caught collective operation timeout",
 )
 
 

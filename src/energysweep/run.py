@@ -20,9 +20,10 @@ import time
 import traceback
 from pathlib import Path
 
-from energysweep import dist, procs
-from energysweep.grid import ParallelLayout
+from energysweep import dist
 from energysweep.hw import nvml as hw_nvml
+from energysweep.job.layout import ParallelLayout
+from energysweep.launch import procs
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.window import finalize_window
 from energysweep.scenarios.base import Scenario, collective_timeout_s
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     ctx, audits, seeds = _start_ranks(spec)
     # Fail closed (measurement.require_energy) before the model is loaded.
-    from energysweep.require import check_job
+    from energysweep.validity.require import check_job
 
     check_job(
         spec["measurement"],
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     from energysweep.energy.sampler import write_power
-    from energysweep.envinfo import job_environment
-    from energysweep.prompts import load_prompts
+    from energysweep.measure.provenance import job_environment
+    from energysweep.scenarios.prompts import load_prompts
     from energysweep.tables.generations import write_generations
     from energysweep.tables.job_record import write_job_record
 

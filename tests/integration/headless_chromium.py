@@ -16,9 +16,15 @@ import time
 from pathlib import Path
 
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-    "--disable-dev-shm-usage", "--remote-debugging-pipe",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--remote-debugging-pipe",
 ]
 
 
@@ -57,8 +63,12 @@ class Chromium:
 
         self.proc = subprocess.Popen(
             [exe, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=child_fds, pass_fds=(3, 4), start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=child_fds,
+            pass_fds=(3, 4),
+            start_new_session=True,
         )
         os.close(cmd_r)
         os.close(out_w)
@@ -145,8 +155,11 @@ class Chromium:
 
     def evaluate(self, session: str, expression: str):
         """The value of a JavaScript expression (promises awaited); raises on a JS exception."""
-        r = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                           "awaitPromise": True}, session=session)
+        r = self.send(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": True},
+            session=session,
+        )
         if "exceptionDetails" in r:
             raise DevToolsError(f"{expression[:80]}: {r['exceptionDetails']}")
         return r["result"].get("value")
@@ -157,11 +170,15 @@ class Chromium:
         for ev in self.events:
             m, p = ev.get("method"), ev.get("params", {})
             if m == "Runtime.exceptionThrown":
-                out.append(f"exception: {p['exceptionDetails'].get('text')} "
-                           f"{p['exceptionDetails'].get('exception', {}).get('description')}")
+                out.append(
+                    f"exception: {p['exceptionDetails'].get('text')} "
+                    f"{p['exceptionDetails'].get('exception', {}).get('description')}"
+                )
             elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                out.append("console.error: " + " ".join(
-                    str(a.get("value", a.get("description"))) for a in p.get("args", [])))
+                out.append(
+                    "console.error: "
+                    + " ".join(str(a.get("value", a.get("description"))) for a in p.get("args", []))
+                )
             elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
                 out.append(f"log: {p['entry'].get('text')} ({p['entry'].get('url')})")
         return out

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from energysweep import config as es_config
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
+from energysweep.sweep import config as es_config
 
 
-def job_spec(layout: ParallelLayout, scenario: str, model_dir: Path, out: Path,
-             batch_sizes=(1,), reps: int = 1, measurement: dict | None = None,
-             workload: dict | None = None, training: dict | None = None) -> dict:
+def job_spec(
+    layout: ParallelLayout,
+    scenario: str,
+    model_dir: Path,
+    out: Path,
+    batch_sizes=(1,),
+    reps: int = 1,
+    measurement: dict | None = None,
+    workload: dict | None = None,
+    training: dict | None = None,
+) -> dict:
     """The spec of one job writing its outputs under ``out``; CPU, no idle/cooldown/sampler.
 
     ``measurement``, ``workload`` and ``training`` override the schema's defaults.

@@ -22,7 +22,7 @@ import torch
 
 from energysweep import dist
 from energysweep.backends.pytorch import PyTorchBackend
-from energysweep.grid import ParallelLayout, split_contiguous
+from energysweep.job.layout import ParallelLayout, split_contiguous
 
 
 def parse_layout(text: str) -> tuple[ParallelLayout, str | None]:

@@ -119,8 +119,9 @@ class ClusterSwitch:
         up = run_script("up", UP_TIMEOUT_S, "--nodes", str(nodes))
         if up.returncode != 0:
             run_script("down", DOWN_TIMEOUT_S)
-            pytest.fail(f"cluster/slurm-local.sh up --nodes {nodes} failed: {_describe(up)}",
-                        pytrace=False)
+            pytest.fail(
+                f"cluster/slurm-local.sh up --nodes {nodes} failed: {_describe(up)}", pytrace=False
+            )
         self.current = nodes
 
     def finish(self) -> None:
@@ -133,8 +134,10 @@ class ClusterSwitch:
         if self.found is not None:
             up = run_script("up", UP_TIMEOUT_S, "--nodes", str(self.found))
             if up.returncode != 0:
-                pytest.fail(f"could not restore the {self.found}-node cluster: {_describe(up)}",
-                            pytrace=False)
+                pytest.fail(
+                    f"could not restore the {self.found}-node cluster: {_describe(up)}",
+                    pytrace=False,
+                )
 
 
 @pytest.fixture(scope="session")

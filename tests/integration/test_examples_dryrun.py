@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from energysweep import config as es_config
+from energysweep.sweep import config as es_config
 
 from conftest import test_env, workflow_copy
 

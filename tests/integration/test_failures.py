@@ -34,9 +34,10 @@ import yaml
 from jobspec import job_spec
 
 from energysweep import aggregate as agg
-from energysweep import procs
-from energysweep.grid import ParallelLayout
-from energysweep.launch import JobFailed, run_job
+from energysweep import results
+from energysweep.job.layout import ParallelLayout
+from energysweep.launch import procs
+from energysweep.launch.job import JobFailed, run_job
 from energysweep.tables import shards
 
 from conftest import test_env, workflow_copy
@@ -48,16 +49,26 @@ BASE = {
     "parallel": {"tp": [1], "pp": [1], "dp": [1]},
     "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1, "warmup_iterations": 0},
     "training": {"steps": 1, "warmup_steps": 0, "seq_len": 16},
-    "measurement": {"min_window_s": 0.01, "idle_baseline_s": 0, "cooldown_s": 0,
-                    "sampler_hz": 0, "prefill_pass": False},
+    "measurement": {
+        "min_window_s": 0.01,
+        "idle_baseline_s": 0,
+        "cooldown_s": 0,
+        "sampler_hz": 0,
+        "prefill_pass": False,
+    },
 }
 # Two-rank pipeline jobs, both scenarios; the collective timeout must exceed the longest wait of
 # a healthy job on a loaded 2-core machine (rank 0 counting parameters while rank 1 waits).
-PP2 = {**BASE, "scenarios": ["inference", "training"],
-       "parallel": {"tp": [1], "pp": [2], "dp": [1]},
-       "limits": {"collective_timeout_s": 30, "kill_grace_s": 3}}
-PP2_JOBS = [f"results/shards/model~tiny-llama/backend~pytorch/scenario~{s}/tp~1/pp~2/dp~1"
-            for s in ("inference", "training")]
+PP2 = {
+    **BASE,
+    "scenarios": ["inference", "training"],
+    "parallel": {"tp": [1], "pp": [2], "dp": [1]},
+    "limits": {"collective_timeout_s": 30, "kill_grace_s": 3},
+}
+PP2_JOBS = [
+    f"results/shards/model~tiny-llama/backend~pytorch/scenario~{s}/tp~1/pp~2/dp~1"
+    for s in ("inference", "training")
+]
 SNAKEMAKE_TIMEOUT_S = 400
 FAULT = "ENERGYSWEEP_TEST_FAULT"
 
@@ -70,10 +81,12 @@ def snakemake(wf: Path, cfg: str, *args, fault: dict | None = None, wait: bool =
         env[FAULT] = json.dumps(fault)
     cmd = ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}", *args]
     if not wait:
-        return subprocess.Popen(cmd, cwd=wf, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(cmd, cwd=wf, env=env, capture_output=True, text=True,
-                          timeout=SNAKEMAKE_TIMEOUT_S)
+        return subprocess.Popen(
+            cmd, cwd=wf, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    return subprocess.run(
+        cmd, cwd=wf, env=env, capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT_S
+    )
 
 
 def write_config(wf: Path, name: str, cfg: dict) -> str:
@@ -95,7 +108,7 @@ def _read(path: Path) -> str:
 def workflow_processes(wf: Path) -> dict[int, str]:
     """Live processes (not zombies) running in ``wf`` that belong to a job: pid -> cmdline.
 
-    Independent of energysweep.procs (which the code under test uses): the working directory
+    Independent of energysweep.launch.procs (which the code under test uses): the working directory
     and the command line, as ``ps`` would show them.
     """
     found = {}
@@ -111,8 +124,9 @@ def workflow_processes(wf: Path) -> dict[int, str]:
         if not stat or stat.rpartition(")")[2].split()[0] in ("Z", "X"):
             continue
         cmd = _read(Path(f"/proc/{pid}/cmdline")).replace("\0", " ")
-        if Path(cwd) == wf and ("energysweep.run" in cmd or "measure.py" in cmd
-                                 or "torch.distributed.run" in cmd):
+        if Path(cwd) == wf and (
+            "energysweep.run" in cmd or "measure.py" in cmd or "torch.distributed.run" in cmd
+        ):
             found[pid] = cmd
     return found
 
@@ -183,8 +197,10 @@ def test_failed_step_traceback_in_its_log_one_line_on_console(wf, step):
     assert "Traceback (most recent call last)" in text
     assert f"RuntimeError: injected fault (raise) in step {step}" in text
     console = proc.stdout + proc.stderr
-    line = (f"energysweep step {step} failed: RuntimeError: injected fault (raise) in step "
-            f"{step} (full traceback in {log})")
+    line = (
+        f"energysweep step {step} failed: RuntimeError: injected fault (raise) in step "
+        f"{step} (full traceback in {log})"
+    )
     assert line in console
 
 
@@ -200,11 +216,14 @@ def test_steps_after_a_failure_complete_and_merge_ran(wf):
 @pytest.mark.timeout(3 * SNAKEMAKE_TIMEOUT_S)
 def test_bad_job_table_fails_merge_keeps_results_rerun_command_works(wf):
     wf, cfg, _ = wf
-    results = wf / "results"
-    kept = [results / "summary.csv", results / "environment.parquet",
-            *sorted((results / "energy.parquet").rglob("*.parquet"))]
+    res_dir = wf / "results"
+    kept = [
+        res_dir / "summary.csv",
+        res_dir / "environment.parquet",
+        *sorted((res_dir / "energy.parquet").rglob("*.parquet")),
+    ]
     before = {p: p.read_bytes() for p in kept}
-    (job,) = sorted(results.glob("shards/**/job.json"))
+    (job,) = sorted(res_dir.glob("shards/**/job.json"))
     table = job.with_name(shards.JOB_TABLE)
     table.write_bytes(table.read_bytes()[:300])  # truncated
     proc = snakemake(wf, cfg, "--forcerun", "merge_shards")
@@ -218,15 +237,29 @@ def test_bad_job_table_fails_merge_keeps_results_rerun_command_works(wf):
     assert {p: p.read_bytes() for p in kept} == before, "a refused merge replaced the results"
     # The command the error prints, run exactly as printed, reruns the job and the merge.
     command = re.search(r"rerun it: (.+)$", log, re.M).group(1)
-    assert command == shlex.join(["snakemake", "--profile", "profiles/local",
-                                  f"--configfile={cfg}", "--forcerun", str(job.relative_to(wf))])
+    assert command == shlex.join(
+        [
+            "snakemake",
+            "--profile",
+            "profiles/local",
+            f"--configfile={cfg}",
+            "--forcerun",
+            str(job.relative_to(wf)),
+        ]
+    )
     env = test_env()
     env.pop(FAULT, None)
-    rerun = subprocess.run(shlex.split(command), cwd=wf, env=env, capture_output=True,
-                           text=True, timeout=SNAKEMAKE_TIMEOUT_S)
+    rerun = subprocess.run(
+        shlex.split(command),
+        cwd=wf,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SNAKEMAKE_TIMEOUT_S,
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert pd.read_parquet(table).shape[0] == json.loads(job.read_text())["job_table_rows"]
-    assert (results / "plots" / "energy_per_token.png").is_file()
+    assert (res_dir / "plots" / "energy_per_token.png").is_file()
 
 
 def _fault_times(log: str) -> list[float]:
@@ -239,8 +272,9 @@ def test_rank_raising_alone_fails_pp2_jobs_within_bound(wf):
     wf, _, _ = wf
     cfg = write_config(wf, "pp2.yaml", PP2)
     targets = [f"{d}/job.json" for d in PP2_JOBS]
-    proc = snakemake(wf, cfg, "--cores", "4", *targets,
-                     fault={"rank": 1, "batch_size": 1, "action": "raise"})
+    proc = snakemake(
+        wf, cfg, "--cores", "4", *targets, fault={"rank": 1, "batch_size": 1, "action": "raise"}
+    )
     assert proc.returncode != 0
     timeout_s = PP2["limits"]["collective_timeout_s"]
     grace_s = PP2["limits"]["kill_grace_s"]
@@ -253,8 +287,10 @@ def test_rank_raising_alone_fails_pp2_jobs_within_bound(wf):
         (fault_at,) = _fault_times(log)
         # Bound: the agreement deadline, the kill grace, and teardown.
         failed_after = log_path.stat().st_mtime - fault_at
-        print(f"{job_dir}: failed {failed_after:.1f} s after the fault (bound "
-              f"{timeout_s + grace_s + 15} s)")
+        print(
+            f"{job_dir}: failed {failed_after:.1f} s after the fault (bound "
+            f"{timeout_s + grace_s + 15} s)"
+        )
         assert failed_after < timeout_s + grace_s + 15, failed_after
     assert_nothing_left(wf, PP2_JOBS)
 
@@ -273,9 +309,16 @@ def test_sigterm_to_measure_step_and_sigkill_of_a_rank_then_rerun(wf):
         deadline = time.monotonic() + SNAKEMAKE_TIMEOUT_S / 2
         while time.monotonic() < deadline:
             live = workflow_processes(wf)
-            ranks = {d: sorted(p for p, c in live.items()
-                               if "energysweep.run" in c and f"{d}/.spec.json" in c
-                               and "torch.distributed.run" not in c) for d in PP2_JOBS}
+            ranks = {
+                d: sorted(
+                    p
+                    for p, c in live.items()
+                    if "energysweep.run" in c
+                    and f"{d}/.spec.json" in c
+                    and "torch.distributed.run" not in c
+                )
+                for d in PP2_JOBS
+            }
             if all(len(r) == 2 for r in ranks.values()):
                 break
             assert run.poll() is None, run.stdout.read()[-3000:]
@@ -283,12 +326,18 @@ def test_sigterm_to_measure_step_and_sigkill_of_a_rank_then_rerun(wf):
         assert all(len(r) == 2 for r in ranks.values()), ranks
         time.sleep(5)  # into the model load / windows
         inference, training = PP2_JOBS
-        launcher = next(p for p, c in workflow_processes(wf).items()
-                        if "torch.distributed.run" in c and f"{inference}/.spec.json" in c)
+        launcher = next(
+            p
+            for p, c in workflow_processes(wf).items()
+            if "torch.distributed.run" in c and f"{inference}/.spec.json" in c
+        )
         step = int(Path(f"/proc/{launcher}/stat").read_text().rpartition(")")[2].split()[1])
         assert "measure.py" in _read(Path(f"/proc/{step}/cmdline"))
-        rank1 = next(p for p in ranks[training]
-                     if b"RANK=1" in _read(Path(f"/proc/{p}/environ")).encode().split(b"\0"))
+        rank1 = next(
+            p
+            for p in ranks[training]
+            if b"RANK=1" in _read(Path(f"/proc/{p}/environ")).encode().split(b"\0")
+        )
         t0 = time.monotonic()
         os.kill(step, signal.SIGTERM)
         os.kill(rank1, signal.SIGKILL)
@@ -318,11 +367,17 @@ def test_sigterm_to_measure_step_and_sigkill_of_a_rank_then_rerun(wf):
 def full_filesystem(path: Path, size: str):
     """A tmpfs of ``size`` at ``path`` (root only); unmounted afterwards whatever happens."""
     path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if proc.returncode != 0:
-        pytest.fail(f"the ENOSPC test needs to mount a tmpfs (root): mount failed with "
-                    f"{proc.returncode}: {proc.stderr.strip()}")
+        pytest.fail(
+            f"the ENOSPC test needs to mount a tmpfs (root): mount failed with "
+            f"{proc.returncode}: {proc.stderr.strip()}"
+        )
     try:
         yield path
     finally:
@@ -336,9 +391,14 @@ def test_enospc_shard_write_fails_job_with_path_publishes_nothing(wf, tmp_path):
     assert (model / "config.json").is_file()
     with full_filesystem(tmp_path / "small", "16k") as small:
         out = small / "job"
-        spec = job_spec(ParallelLayout(), "inference", model, out,
-                        workload={"iterations": 1, "warmup_iterations": 0},
-                        measurement={"prefill_pass": False})
+        spec = job_spec(
+            ParallelLayout(),
+            "inference",
+            model,
+            out,
+            workload={"iterations": 1, "warmup_iterations": 0},
+            measurement={"prefill_pass": False},
+        )
         log_path = tmp_path / "job.log"
         with open(log_path, "w") as log, pytest.raises(JobFailed, match="exited 1") as info:
             run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=8)
@@ -359,8 +419,12 @@ def test_enospc_merge_writes_nothing(tmp_path):
     with full_filesystem(tmp_path / "small", "16k") as small:
         (small / "filler").write_bytes(b"\0" * 8192)
         with pytest.raises(OSError, match=r"cannot write .*: No space left on device") as info:
-            agg.aggregate(agg.job_table_paths(records), small / "energy.parquet",
-                          small / "summary.csv", jobs=records,
-                          environment_out=small / "environment.parquet")
+            results.aggregate(
+                agg.job_table_paths(records),
+                small / "energy.parquet",
+                small / "summary.csv",
+                jobs=records,
+                environment_out=small / "environment.parquet",
+            )
         assert info.value.errno == 28
         assert sorted(p.name for p in small.iterdir()) == ["filler"]

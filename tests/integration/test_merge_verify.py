@@ -20,6 +20,7 @@ import pytest
 from test_merged_dataset import make_sweep
 
 from energysweep import aggregate as agg
+from energysweep import results
 from energysweep.tables import shards
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -83,14 +84,20 @@ def test_bad_job_table_refused_naming_file_job_and_rerun(tmp_path, case):
     out = tmp_path / "results"
     energy, summary, env = out / "energy.parquet", out / "summary.csv", out / "environment.parquet"
     # A complete earlier merge: what a refused merge must leave as it was.
-    agg.aggregate(agg.job_table_paths(records), energy, summary)
+    results.aggregate(agg.job_table_paths(records), energy, summary)
     before = {p: p.read_bytes() for p in [summary, *energy.rglob("*.parquet")]}
     bad = records[1].parent / shards.JOB_TABLE
     damage(bad)
     args = ["--profile", "profiles/local", "--configfile=config/x.yaml"]
     with pytest.raises(agg.MergeInputError) as info:
-        agg.aggregate(agg.job_table_paths(records, args), energy, summary, jobs=records,
-                      environment_out=env, snakemake_args=args)
+        results.aggregate(
+            agg.job_table_paths(records, args),
+            energy,
+            summary,
+            jobs=records,
+            environment_out=env,
+            snakemake_args=args,
+        )
     msg = str(info.value)
     assert f"{bad} " in msg and re.search(what, msg), msg
     assert len(msg.splitlines()) == 2  # the verdict, then one line per bad table
@@ -106,14 +113,24 @@ def test_bad_job_table_refused_naming_file_job_and_rerun(tmp_path, case):
 def test_every_bad_table_reported_at_once_and_good_merge_passes(tmp_path):
     records = make_sweep(tmp_path)
     out = tmp_path / "results"
-    agg.aggregate(agg.job_table_paths(records), out / "e", out / "s.csv", jobs=records,
-                  environment_out=out / "env.parquet")
+    results.aggregate(
+        agg.job_table_paths(records),
+        out / "e",
+        out / "s.csv",
+        jobs=records,
+        environment_out=out / "env.parquet",
+    )
     assert (out / "s.csv").is_file() and (out / "env.parquet").is_file()
     truncate(records[0].parent / shards.JOB_TABLE)
     wrong_hash(records[2].parent / shards.JOB_TABLE)
     with pytest.raises(agg.MergeInputError, match="2 job table") as info:
-        agg.aggregate(agg.job_table_paths(records), out / "e", out / "s.csv", jobs=records,
-                      environment_out=out / "env.parquet")
+        results.aggregate(
+            agg.job_table_paths(records),
+            out / "e",
+            out / "s.csv",
+            jobs=records,
+            environment_out=out / "env.parquet",
+        )
     assert str(records[0].parent) in str(info.value) and str(records[2].parent) in str(info.value)
 
 

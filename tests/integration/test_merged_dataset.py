@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from energysweep import aggregate as agg
+from energysweep import results
 from energysweep.tables import io as tables_io
 from energysweep.tables import shards
 
@@ -69,9 +70,19 @@ def make_sweep(root: Path) -> list[Path]:
         job_table = shards.concat(tables)
         tables_io.write_atomic(job_table, job_dir / shards.JOB_TABLE)
         # What the merge checks a job table against (aggregate.merge with job records).
-        record = {"job_id": f"j{j}", "config_hash": "h", "job_table_rows": job_table.num_rows,
-                  "job": {"model": model, "backend": backend, "scenario": "inference",
-                          "tp": 1, "pp": 1, "dp": dp}}
+        record = {
+            "job_id": f"j{j}",
+            "config_hash": "h",
+            "job_table_rows": job_table.num_rows,
+            "job": {
+                "model": model,
+                "backend": backend,
+                "scenario": "inference",
+                "tp": 1,
+                "pp": 1,
+                "dp": dp,
+            },
+        }
         (job_dir / "job.json").write_text(json.dumps(record))
         records.append(job_dir / "job.json")
     return records
@@ -90,7 +101,7 @@ def merged(tmp_path, monkeypatch):
     monkeypatch.setattr(shards, "read_shard", counting_read)
     paths = agg.job_table_paths(records)
     out = tmp_path / "results" / "energy.parquet"
-    agg.aggregate(paths, out, tmp_path / "results" / "summary.csv")
+    results.aggregate(paths, out, tmp_path / "results" / "summary.csv")
     return out, paths, reads
 
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from energysweep.aggregate import unexplained_nulls
 from energysweep.figures import FIGURES
+from energysweep.results import unexplained_nulls
 
 from conftest import test_env, workflow_copy
 from headless_chromium import Chromium
@@ -76,10 +76,16 @@ def test_rows_are_honest(local_run):
     assert set(e["phase"]) == {"generate", "prefill", "train"}
     s = pd.read_csv(wf / "results" / "summary.csv")
     assert unexplained_nulls(s) == []  # every null in the summary has a status saying why
-    for col in ["energy_per_output_token_j_ci_low", "energy_per_output_token_j_ci_high",
-                "output_tokens_per_s_ci_low", "output_tokens_per_s_ci_high", "ci_status",
-                "decode_energy_per_output_token_j", "prefill_energy_per_request_j",
-                "prefill_decode_status"]:
+    for col in [
+        "energy_per_output_token_j_ci_low",
+        "energy_per_output_token_j_ci_high",
+        "output_tokens_per_s_ci_low",
+        "output_tokens_per_s_ci_high",
+        "ci_status",
+        "decode_energy_per_output_token_j",
+        "prefill_energy_per_request_j",
+        "prefill_decode_status",
+    ]:
         assert col in s.columns, col
     assert set(s["dp"]) == {1, 2} and set(s["batch_size"]) == {1, 4}
     for job in (wf / "results" / "shards").glob("**/job.json"):
@@ -182,8 +188,7 @@ def test_unrunnable_layouts_listed_not_scheduled(tmp_path):
 def test_validity_recheck_and_stages_on_cpu_are_honest(local_run, tmp_path):
     """On CPU no point may claim valid energy; the re-check recomputes from published data."""
     wf, _ = local_run
-    s = pd.read_csv(wf / "results" / "summary.csv", keep_default_na=False,
-                    na_values=[""])
+    s = pd.read_csv(wf / "results" / "summary.csv", keep_default_na=False, na_values=[""])
     assert s["valid"].dtype == bool and not s["valid"].any()
     reasons = s["invalid_reasons"].str.split(";")
     assert reasons.map(lambda r: "no_gpu_energy" in r).all()
@@ -205,13 +210,28 @@ def test_validity_recheck_and_stages_on_cpu_are_honest(local_run, tmp_path):
     assert (published["status"] == "no-counter-energy").all()
     out = tmp_path / "validation.parquet"
     proc = subprocess.run(
-        ["python", "-m", "energysweep.recheck", "results/energy.parquet", "results/shards",
-         "-o", str(out)], cwd=wf, env=test_env(), capture_output=True, text=True, timeout=120)
+        [
+            "python",
+            "-m",
+            "energysweep.validity.recheck",
+            "results/energy.parquet",
+            "results/shards",
+            "-o",
+            str(out),
+        ],
+        cwd=wf,
+        env=test_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     again = pd.read_parquet(out)
     key = ["scope", "job_id", "batch_size", "repetition", "phase", "gpu_uuid"]
-    pd.testing.assert_frame_equal(published.sort_values(key).reset_index(drop=True),
-                                  again.sort_values(key).reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        published.sort_values(key).reset_index(drop=True),
+        again.sort_values(key).reset_index(drop=True),
+    )
 
 
 @pytest.mark.timeout(300)
@@ -261,9 +281,12 @@ def test_report_renders_in_headless_chromium(local_run, tmp_path):
     expected = {f"{n}.png" for n in FIGURES} | {"summary.html", "environment.html"}
     with Chromium(tmp_path / "profile", timeout_s=60) as browser:
         page = browser.open_page(report.resolve().as_uri())
-        results = browser.evaluate(page, "Object.values(results).map(r => ({name: r.name, "
-                                   "mime: r.mime_type, caption: r.caption, uri: r.data_uri, "
-                                   "label: r.labels.figure, category: r.category}))")
+        results = browser.evaluate(
+            page,
+            "Object.values(results).map(r => ({name: r.name, "
+            "mime: r.mime_type, caption: r.caption, uri: r.data_uri, "
+            "label: r.labels.figure, category: r.category}))",
+        )
         categories = browser.evaluate(page, "Object.keys(categories)")
         assert {r["name"] for r in results} == expected
         for r in results:
@@ -279,13 +302,16 @@ def test_report_renders_in_headless_chromium(local_run, tmp_path):
             assert browser.evaluate(page, _CLICK_LINK % json.dumps(category)) == "ok"
             for r in results:
                 listed = browser.evaluate(
-                    page, "[...document.querySelectorAll('#app tr')].some(row => "
-                    f"row.textContent.trim().startsWith({json.dumps(r['label'])}))")
+                    page,
+                    "[...document.querySelectorAll('#app tr')].some(row => "
+                    f"row.textContent.trim().startsWith({json.dumps(r['label'])}))",
+                )
                 if not listed:
                     continue
                 assert browser.evaluate(page, _VIEW % json.dumps(r["label"])) == "ok"
                 shown[r["name"]] = browser.evaluate(
-                    page, _SHOWN % (json.dumps(r["uri"]), json.dumps(r["uri"])))
+                    page, _SHOWN % (json.dumps(r["uri"]), json.dumps(r["uri"]))
+                )
                 # the category's list again, for its next result
                 assert browser.evaluate(page, _CLICK_LINK % json.dumps(category)) == "ok"
         assert set(shown) == expected
@@ -297,24 +323,34 @@ def test_report_renders_in_headless_chromium(local_run, tmp_path):
         # The table pages themselves (as the report embeds them): rows, columns, sorting.
         uri = next(r["uri"] for r in results if r["name"] == "summary.html")
         table = browser.open_page(uri)
-        assert browser.evaluate(table, "document.querySelectorAll('table.es tbody tr').length") \
-            == len(summary)
-        headers = browser.evaluate(table, "[...document.querySelectorAll('th')].map(t => "
-                                   "t.textContent)")
+        assert browser.evaluate(
+            table, "document.querySelectorAll('table.es tbody tr').length"
+        ) == len(summary)
+        headers = browser.evaluate(
+            table, "[...document.querySelectorAll('th')].map(t => t.textContent)"
+        )
         assert set(summary.columns) <= set(headers)
         col = headers.index("batch_size")
-        sorted_desc = browser.evaluate(table, f"""(() => {{
+        sorted_desc = browser.evaluate(
+            table,
+            f"""(() => {{
             const th = document.querySelectorAll('th')[{col}];
             th.click(); th.click();  // ascending, then descending
             return [...document.querySelectorAll('table.es tbody tr')].map(
                 r => Number(r.cells[{col}].textContent));
-        }})()""")
+        }})()""",
+        )
         assert sorted_desc == sorted(summary["batch_size"], reverse=True)
         env_uri = next(r["uri"] for r in results if r["name"] == "environment.html")
         env = browser.open_page(env_uri)
         text = browser.evaluate(env, "document.body.innerText")
         code_version = summary["code_version"].iloc[0]
-        for needle in ("config hash (sweep)", code_version, "torch", "GPUs and driver",
-                       "Validated config"):
+        for needle in (
+            "config hash (sweep)",
+            code_version,
+            "torch",
+            "GPUs and driver",
+            "Validated config",
+        ):
             assert needle in text, needle
         assert browser.errors() == []

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -64,7 +64,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from energysweep.tinymodel import build_tiny_model
+    from energysweep.sweep.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 

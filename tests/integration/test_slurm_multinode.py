@@ -29,16 +29,34 @@ TINY = {
     "scenarios": ["inference", "training"],
     "workload": {"batch_sizes": [2], "repetitions": 1, "iterations": 2, "warmup_iterations": 0},
     "training": {"steps": 1, "warmup_steps": 0},
-    "measurement": {"min_window_s": 0.0, "idle_baseline_s": 0.0, "cooldown_s": 0.0,
-                    "prefill_pass": False},
+    "measurement": {
+        "min_window_s": 0.0,
+        "idle_baseline_s": 0.0,
+        "cooldown_s": 0.0,
+        "prefill_pass": False,
+    },
 }
 # gpus_per_node 1: tp2, pp2, dp2 each span 2 nodes with one rank per node; the cross product's
 # tp1·pp1·dp1 runs on one node in the same sweep: the single-process reference.
 # gpus_per_node 2: tp2×dp2 spans 2 nodes, 2 ranks per node.
-ONE_PER_NODE = {"tp": [1, 2], "pp": [1, 2], "dp": [1, 2], "max_gpus_per_job": 2,
-                "gpus_per_node": 1, "cpus_per_node": 4, "mem_mb_per_node": 8000}
-TWO_PER_NODE = {"tp": [2], "pp": [1], "dp": [2], "max_gpus_per_job": 4,
-                "gpus_per_node": 2, "cpus_per_node": 4, "mem_mb_per_node": 8000}
+ONE_PER_NODE = {
+    "tp": [1, 2],
+    "pp": [1, 2],
+    "dp": [1, 2],
+    "max_gpus_per_job": 2,
+    "gpus_per_node": 1,
+    "cpus_per_node": 4,
+    "mem_mb_per_node": 8000,
+}
+TWO_PER_NODE = {
+    "tp": [2],
+    "pp": [1],
+    "dp": [2],
+    "max_gpus_per_job": 4,
+    "gpus_per_node": 2,
+    "cpus_per_node": 4,
+    "mem_mb_per_node": 8000,
+}
 MULTI_NODE_LAYOUTS = {(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 1, 2)}
 # Losses of a layout vs one process on the same global batch (tests/integration/
 # test_training_parallel.py holds single-node layouts to the same bound).
@@ -53,8 +71,14 @@ def write_config(wf: Path, name: str, over: dict) -> str:
 def start(wf: Path, profile: list[str], *args: str, timeout=RUN_TIMEOUT_S) -> subprocess.Popen:
     # `timeout -k`: a Snakemake that lost its jobs ignores SIGTERM (reference notes).
     argv = ["timeout", "-k", "20", str(timeout), "snakemake", *profile, *args]
-    return subprocess.Popen(argv, cwd=wf, env=test_env(slurm=profile is SLURM),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        argv,
+        cwd=wf,
+        env=test_env(slurm=profile is SLURM),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout=RUN_TIMEOUT_S + 60) -> str:
@@ -65,12 +89,25 @@ def finish(proc: subprocess.Popen, timeout=RUN_TIMEOUT_S + 60) -> str:
 
 def sacct(job_ids) -> pd.DataFrame:
     out = subprocess.run(
-        ["sacct", "-X", "-P", "-n", "-j", ",".join(sorted(job_ids)),
-         "-o", "JobID,AllocTRES%120,State,NodeList%60"],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            "sacct",
+            "-X",
+            "-P",
+            "-n",
+            "-j",
+            ",".join(sorted(job_ids)),
+            "-o",
+            "JobID,AllocTRES%120,State,NodeList%60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
-    df = pd.DataFrame([line.split("|") for line in out.strip().splitlines()],
-                      columns=["job_id", "tres", "state", "nodelist"]).set_index("job_id")
+    df = pd.DataFrame(
+        [line.split("|") for line in out.strip().splitlines()],
+        columns=["job_id", "tres", "state", "nodelist"],
+    ).set_index("job_id")
     df["gpus"] = df["tres"].str.extract(r"gres/gpu=(\d+)")[0].astype(int)
     df["nodes"] = df["tres"].str.extract(r"node=(\d+)")[0].astype(int)
     return df
@@ -81,8 +118,18 @@ def layout_of(df: pd.DataFrame) -> pd.Series:
 
 
 def generations(wf: Path, tp: int, pp: int, dp: int) -> pd.DataFrame:
-    path = (wf / "results" / "shards" / "model~tiny-llama" / "backend~pytorch"
-            / "scenario~inference" / f"tp~{tp}" / f"pp~{pp}" / f"dp~{dp}" / "generations.parquet")
+    path = (
+        wf
+        / "results"
+        / "shards"
+        / "model~tiny-llama"
+        / "backend~pytorch"
+        / "scenario~inference"
+        / f"tp~{tp}"
+        / f"pp~{pp}"
+        / f"dp~{dp}"
+        / "generations.parquet"
+    )
     g = pd.read_parquet(path)
     g["token_ids"] = g["token_ids"].map(list)
     return g.set_index(["batch_size", "iteration", "prompt_index"])["token_ids"].sort_index()
@@ -127,7 +174,8 @@ def test_multinode_sweep_matches_single_process(slurm_multinode, tmp_path):
         by_host = rows_job.groupby("host")["rank"].apply(lambda r: sorted(set(r)))
         assert sorted(by_host.index) == ["esnode1", "esnode2"], by_host
         assert sorted(map(tuple, by_host)) == [
-            tuple(range(0, per_node)), tuple(range(per_node, 2 * per_node))
+            tuple(range(0, per_node)),
+            tuple(range(per_node, 2 * per_node)),
         ], by_host
         local = rows_job.groupby("host")["local_rank"].apply(lambda r: sorted(set(r)))
         assert all(list(v) == list(range(per_node)) for v in local), local
@@ -218,19 +266,35 @@ def test_tensorrt_llm_mpi_mode_across_two_nodes(slurm_multinode, tmp_path):
     (fakes / "tensorrt_llm" / "__init__.py").write_text(TRT_INIT)
     (fakes / "fake_engines.py").write_text((root / "tests" / "fake_engines.py").read_text())
     records.mkdir()
-    cfg = write_config(wf, "trt.yaml", {
-        **TINY, "backends": ["tensorrt-llm"], "scenarios": ["inference"],
-        "parallel": {"tp": [2], "pp": [1], "dp": [1], "max_gpus_per_job": 2,
-                     "gpus_per_node": 1, "cpus_per_node": 4},
-        "engine": {"max_model_len": 96},
-    })
+    cfg = write_config(
+        wf,
+        "trt.yaml",
+        {
+            **TINY,
+            "backends": ["tensorrt-llm"],
+            "scenarios": ["inference"],
+            "parallel": {
+                "tp": [2],
+                "pp": [1],
+                "dp": [1],
+                "max_gpus_per_job": 2,
+                "gpus_per_node": 1,
+                "cpus_per_node": 4,
+            },
+            "engine": {"max_model_len": 96},
+        },
+    )
     env = test_env(slurm=True)
     env["PYTHONPATH"] = f"{fakes}:{env['PYTHONPATH']}"
     env["FAKE_TRTLLM_RECORDS"] = str(records)
     python = env_dir / "bin" / "python3"
     proc = subprocess.run(
         ["timeout", "-k", "20", str(RUN_TIMEOUT_S), str(python), "-m", "snakemake", *SLURM, cfg],
-        cwd=wf, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60,
+        cwd=wf,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S + 60,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
@@ -258,8 +322,16 @@ def test_tensorrt_llm_mpi_mode_across_two_nodes(slurm_multinode, tmp_path):
         assert argv[0] == str(python) and argv[1:4] == ["-m", "energysweep.run", "--spec"], argv
     spec = json.loads((next((wf / "results" / "shards").rglob("job.json"))).read_text())
     argv = spec["launch_argv"]
-    assert argv[:8] == ["srun", "--mpi=pmix", "--nodes", "2", "--ntasks-per-node", "1",
-                        "--kill-on-bad-exit=1", str(env_dir / "bin" / "trtllm-llmapi-launch")]
+    assert argv[:8] == [
+        "srun",
+        "--mpi=pmix",
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--kill-on-bad-exit=1",
+        str(env_dir / "bin" / "trtllm-llmapi-launch"),
+    ]
 
 
 @pytest.mark.timeout(300)
@@ -267,13 +339,30 @@ def test_layout_over_node_cpus_is_refused_before_submission(slurm_multinode, tmp
     """tp2·pp2·dp2 with 8 GPUs per node puts 8 ranks on one 4-CPU node: it would stay PENDING
     (Reason=PartitionConfig) for ever. Refused at load time, naming it; nothing reaches Slurm."""
     wf = workflow_copy(tmp_path)
-    cfg = write_config(wf, "big.yaml", {**TINY, "scenarios": ["inference"], "parallel": {
-        "tp": [1, 2], "pp": [2], "dp": [2], "max_gpus_per_job": 8, "gpus_per_node": 8,
-        "cpus_per_node": slurm_multinode.cpus_per_node}})
+    cfg = write_config(
+        wf,
+        "big.yaml",
+        {
+            **TINY,
+            "scenarios": ["inference"],
+            "parallel": {
+                "tp": [1, 2],
+                "pp": [2],
+                "dp": [2],
+                "max_gpus_per_job": 8,
+                "gpus_per_node": 8,
+                "cpus_per_node": slurm_multinode.cpus_per_node,
+            },
+        },
+    )
     before = set(sacct_all())
     proc = subprocess.run(
-        ["timeout", "-k", "20", "240", "snakemake", *SLURM, cfg], cwd=wf,
-        env=test_env(slurm=True), capture_output=True, text=True, timeout=300,
+        ["timeout", "-k", "20", "240", "snakemake", *SLURM, cfg],
+        cwd=wf,
+        env=test_env(slurm=True),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
@@ -286,8 +375,13 @@ def test_layout_over_node_cpus_is_refused_before_submission(slurm_multinode, tmp
 
 def sacct_all() -> list[str]:
     """Every job id the accounting database knows (this cluster's short history)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "-S", "2020-01-01", "-o", "JobID"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-a", "-S", "2020-01-01", "-o", "JobID"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     return out.split()
 
 
@@ -306,19 +400,38 @@ def job_processes(marker: str) -> list[str]:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 300)
-def test_rank_killed_on_second_node_fails_job_cleanly_and_rerun_completes(slurm_multinode,
-                                                                         tmp_path):
+def test_rank_killed_on_second_node_fails_job_cleanly_and_rerun_completes(
+    slurm_multinode, tmp_path
+):
     """dp2 over 2 nodes; rank 1 (on the second node) SIGKILLs itself mid-measurement."""
     wf = workflow_copy(tmp_path)
-    cfg = write_config(wf, "kill.yaml", {**TINY, "scenarios": ["inference"], "parallel": {
-        "tp": [1], "pp": [1], "dp": [2], "max_gpus_per_job": 2, "gpus_per_node": 1}})
+    cfg = write_config(
+        wf,
+        "kill.yaml",
+        {
+            **TINY,
+            "scenarios": ["inference"],
+            "parallel": {
+                "tp": [1],
+                "pp": [1],
+                "dp": [2],
+                "max_gpus_per_job": 2,
+                "gpus_per_node": 1,
+            },
+        },
+    )
     env = test_env(slurm=True)
     env["ENERGYSWEEP_TEST_FAULT"] = json.dumps(
-        {"rank": 1, "batch_size": 2, "action": "kill", "scenario": "inference"})
+        {"rank": 1, "batch_size": 2, "action": "kill", "scenario": "inference"}
+    )
     t0 = time.monotonic()
     proc = subprocess.run(
         ["timeout", "-k", "20", str(RUN_TIMEOUT_S), "snakemake", *SLURM, cfg, "--retries", "0"],
-        cwd=wf, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60,
+        cwd=wf,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S + 60,
     )
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
@@ -330,9 +443,22 @@ def test_rank_killed_on_second_node_fails_job_cleanly_and_rerun_completes(slurm_
     log = next((wf / "logs" / "measure").rglob("dp~2.log")).read_text()
     assert "nodes: esnode1 esnode2" in log, log[-3000:]
     # The killed job: FAILED in Slurm, on both nodes, and none of its processes left anywhere.
-    failed = subprocess.run(["sacct", "-X", "-n", "-P", "-S", "now-30minutes", "-o",
-                             "JobID,Comment%100,State,NodeList"],
-                            capture_output=True, text=True, timeout=60, check=True).stdout
+    failed = subprocess.run(
+        [
+            "sacct",
+            "-X",
+            "-n",
+            "-P",
+            "-S",
+            "now-30minutes",
+            "-o",
+            "JobID,Comment%100,State,NodeList",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     mine = [line.split("|") for line in failed.splitlines() if "inference_1_1_2" in line]
     assert mine and mine[-1][2] == "FAILED" and mine[-1][3] == "esnode[1-2]", failed
     deadline = time.monotonic() + 30
@@ -342,8 +468,12 @@ def test_rank_killed_on_second_node_fails_job_cleanly_and_rerun_completes(slurm_
 
     # The rerun without the fault completes and publishes every shard.
     rerun = subprocess.run(
-        ["timeout", "-k", "20", str(RUN_TIMEOUT_S), "snakemake", *SLURM, cfg], cwd=wf,
-        env=test_env(slurm=True), capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60,
+        ["timeout", "-k", "20", str(RUN_TIMEOUT_S), "snakemake", *SLURM, cfg],
+        cwd=wf,
+        env=test_env(slurm=True),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S + 60,
     )
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-5000:]
     e = pd.read_parquet(wf / "results" / "energy.parquet")
@@ -357,21 +487,42 @@ def test_node_lost_mid_sweep_job_reruns_on_healthy_nodes(slurm_three_nodes, tmp_
     controller) and stays drained: the job is retried on the two healthy nodes and the sweep
     completes."""
     wf = workflow_copy(tmp_path)
-    cfg = write_config(wf, "down.yaml", {**TINY, "scenarios": ["inference"], "parallel": {
-        "tp": [1], "pp": [1], "dp": [2], "max_gpus_per_job": 2, "gpus_per_node": 1}})
+    cfg = write_config(
+        wf,
+        "down.yaml",
+        {
+            **TINY,
+            "scenarios": ["inference"],
+            "parallel": {
+                "tp": [1],
+                "pp": [1],
+                "dp": [2],
+                "max_gpus_per_job": 2,
+                "gpus_per_node": 1,
+            },
+        },
+    )
     since = time.strftime("%Y-%m-%dT%H:%M:%S")
     sm = start(wf, SLURM, cfg)
     lost = None
     try:
         deadline = time.monotonic() + 300
         while lost is None and time.monotonic() < deadline and sm.poll() is None:
-            out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%N"],
-                                 capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run(
+                ["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%N"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
             for line in out.splitlines():
                 job_id, comment, nodelist = line.split("|")
                 if "rule_measure" in comment:
-                    hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist],
-                                           capture_output=True, text=True, timeout=30).stdout
+                    hosts = subprocess.run(
+                        ["scontrol", "show", "hostnames", nodelist],
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                    ).stdout
                     lost = (job_id, hosts.split()[-1])
             time.sleep(0.5)
         assert lost, "the measure job never ran"
@@ -380,22 +531,38 @@ def test_node_lost_mid_sweep_job_reruns_on_healthy_nodes(slurm_three_nodes, tmp_
         # DOWN kills the job (NODE_FAIL); DRAIN keeps the node out afterwards (the cluster's
         # ReturnToService=2 would otherwise take it back as soon as its slurmd re-registers).
         for state in ("down", "drain"):
-            subprocess.run(["scontrol", "update", f"nodename={lost[1]}", f"state={state}",
-                            "reason=energysweep test: node lost"], check=True, timeout=30)
+            subprocess.run(
+                [
+                    "scontrol",
+                    "update",
+                    f"nodename={lost[1]}",
+                    f"state={state}",
+                    "reason=energysweep test: node lost",
+                ],
+                check=True,
+                timeout=30,
+            )
         out = finish(sm)
     finally:
         if sm.poll() is None:
             sm.kill()
         if lost:
-            subprocess.run(["scontrol", "update", f"nodename={lost[1]}", "state=resume"],
-                           timeout=30, check=False)
+            subprocess.run(
+                ["scontrol", "update", f"nodename={lost[1]}", "state=resume"],
+                timeout=30,
+                check=False,
+            )
     e = pd.read_parquet(wf / "results" / "energy.parquet")
     assert e["status"].eq("ok").all(), out[-3000:]
     hosts = set(e["host"])
     assert len(hosts) == 2 and lost[1] not in hosts, (hosts, lost)
-    acct = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-S", since, "-o",
-                           "JobID,Comment%100,State"],
-                          capture_output=True, text=True, timeout=60, check=True).stdout
+    acct = subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-S", since, "-o", "JobID,Comment%100,State"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     records = [line.split("|") for line in acct.splitlines() if "rule_measure" in line]
     # Slurm requeued the batch job (same id, profile slurm-requeue) after the node failed; its
     # last run completed on the healthy nodes.

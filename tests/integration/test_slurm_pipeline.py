@@ -28,7 +28,11 @@ def snakemake(wf: Path, *args: str, profile=SLURM, timeout=SNAKEMAKE_TIMEOUT_S):
     # `timeout -k` as well: a Snakemake that lost its jobs ignores SIGTERM (reference notes).
     argv = ["timeout", "-k", "20", str(timeout), "snakemake", *profile, *args]
     return subprocess.run(
-        argv, cwd=wf, env=test_env(slurm=profile is SLURM), capture_output=True, text=True,
+        argv,
+        cwd=wf,
+        env=test_env(slurm=profile is SLURM),
+        capture_output=True,
+        text=True,
         timeout=timeout + 60,
     )
 
@@ -44,12 +48,21 @@ SACCT_COLUMNS = ["job_id", "comment", "tres", "state", "start", "end"]
 def _sacct_table(*select: str) -> pd.DataFrame:
     """One row per job (-X) that ``select`` picks (e.g. ``-j 1,2`` or ``-S <time>``)."""
     out = subprocess.run(
-        ["sacct", "-X", *select, "-P", "-n",
-         "-o", "JobID,Comment%200,AllocTRES%80,State,Start,End"],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            "sacct",
+            "-X",
+            *select,
+            "-P",
+            "-n",
+            "-o",
+            "JobID,Comment%200,AllocTRES%80,State,Start,End",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
-    df = pd.DataFrame([line.split("|") for line in out.strip().splitlines()],
-                      columns=SACCT_COLUMNS)
+    df = pd.DataFrame([line.split("|") for line in out.strip().splitlines()], columns=SACCT_COLUMNS)
     df["gpus"] = df["tres"].str.extract(r"gres/gpu=(\d+)")[0].astype(float)
     return df
 
@@ -90,8 +103,9 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
     argv = ["timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S), "snakemake", *SLURM, cfg]
     log_path = tmp_path / "snakemake-slurm.log"
     with open(log_path, "w") as log:
-        sm = subprocess.Popen(argv, cwd=wf, env=test_env(slurm=True), stdout=log,
-                              stderr=subprocess.STDOUT)
+        sm = subprocess.Popen(
+            argv, cwd=wf, env=test_env(slurm=True), stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         # Meanwhile (the Slurm sweep mostly waits on the scheduler) the same sweep on the local
         # profile: the session's run, shared with test_pipeline_local (done already if it ran).
@@ -165,8 +179,9 @@ def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(slurm_clust
     )
     argv = ["snakemake", *SLURM, cfg]
     with open(tmp_path / "snakemake.log", "w") as log:
-        sm = subprocess.Popen(argv, cwd=wf, env=test_env(slurm=True), stdout=log,
-                              stderr=subprocess.STDOUT)
+        sm = subprocess.Popen(
+            argv, cwd=wf, env=test_env(slurm=True), stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             # Wait until the job has written its first shard into staging: mid-measurement.
             deadline = time.monotonic() + 300

@@ -28,7 +28,8 @@ import pandas as pd
 import pytest
 import torch
 
-from energysweep.grid import ParallelLayout
+from energysweep import results
+from energysweep.job.layout import ParallelLayout
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -49,7 +50,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from energysweep.tinymodel import build_tiny_model
+    from energysweep.sweep.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
@@ -218,14 +219,21 @@ def test_run_main_training_job(layout, tiny_model, tmp_path):
     """The production path: launch.run_job -> torchrun -> energysweep.run -> shards + job.json."""
     from jobspec import job_spec
 
-    from energysweep.launch import run_job
+    from energysweep.launch.job import run_job
     from energysweep.tables import shards
 
     batch_sizes, reps = [1, 2], 2
     out = tmp_path / "job"
     # A large learning rate: the loss must visibly fall from one window to the next.
-    spec = job_spec(layout, "training", tiny_model, out, batch_sizes, reps,
-                    training={"steps": 2, "seq_len": SEQ_LEN, "lr": 1e-2})
+    spec = job_spec(
+        layout,
+        "training",
+        tiny_model,
+        out,
+        batch_sizes,
+        reps,
+        training={"steps": 2, "seq_len": SEQ_LEN, "lr": 1e-2},
+    )
     del spec["outputs"]["job_table"]  # as before: the per-window shards only
     out.mkdir(parents=True)
     log = tmp_path / "job.log"
@@ -261,4 +269,4 @@ def test_run_main_training_job(layout, tiny_model, tmp_path):
     assert set(summary["scenario"]) == {"training"}
     assert summary["loss"].notna().all() and summary["train_tokens_per_s"].gt(0).all()
     assert summary["energy_per_output_token_j"].isna().all()
-    assert aggregate.unexplained_nulls(summary) == []
+    assert results.unexplained_nulls(summary) == []

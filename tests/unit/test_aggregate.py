@@ -2,7 +2,7 @@ import math
 
 import pandas as pd
 
-from energysweep import aggregate
+from energysweep import aggregate, results
 from energysweep.tables import shards
 
 from tests_rows import row
@@ -31,9 +31,17 @@ def test_two_node_job_counts_all_gpus():
 
 
 def test_unavailable_is_null_not_zero():
-    r = row(gpu_uuid=None, gpu_index=None, gpu_pci_bus_id=None, gpu_name=None,
-            gpu_energy_mj=None, gpu_energy_status="unavailable", gpu_energy_method="nvml",
-            gpu_energy_detail="no GPU in use (device=cpu)", device="cpu")
+    r = row(
+        gpu_uuid=None,
+        gpu_index=None,
+        gpu_pci_bus_id=None,
+        gpu_name=None,
+        gpu_energy_mj=None,
+        gpu_energy_status="unavailable",
+        gpu_energy_method="nvml",
+        gpu_energy_detail="no GPU in use (device=cpu)",
+        device="cpu",
+    )
     w = _agg([r])
     assert math.isnan(w.loc[0, "gpu_energy_j"])
     assert w.loc[0, "gpu_energy_status"] == "unavailable"
@@ -42,18 +50,34 @@ def test_unavailable_is_null_not_zero():
 
 
 def test_partial_window_is_null():
-    rows = [row(), row(rank=1, pid=2, gpu_uuid="GPU-b", gpu_energy_mj=None,
-                       gpu_energy_status="unavailable")]
+    rows = [
+        row(),
+        row(rank=1, pid=2, gpu_uuid="GPU-b", gpu_energy_mj=None, gpu_energy_status="unavailable"),
+    ]
     w = _agg(rows)
     assert math.isnan(w.loc[0, "gpu_energy_j"]) and w.loc[0, "gpu_energy_status"] == "partial"
 
 
 def test_summary_medians_and_status():
-    rows = [row(repetition=0), row(repetition=1, gpu_energy_mj=192_000.0),
-            row(repetition=0, batch_size=8, status="oom", error="OOM", window_start_ns=None,
-                window_end_ns=None, iterations=None, requests=None, input_tokens=None,
-                output_tokens=None, gpu_uuid=None, gpu_energy_mj=None,
-                gpu_energy_status="unavailable")]
+    rows = [
+        row(repetition=0),
+        row(repetition=1, gpu_energy_mj=192_000.0),
+        row(
+            repetition=0,
+            batch_size=8,
+            status="oom",
+            error="OOM",
+            window_start_ns=None,
+            window_end_ns=None,
+            iterations=None,
+            requests=None,
+            input_tokens=None,
+            output_tokens=None,
+            gpu_uuid=None,
+            gpu_energy_mj=None,
+            gpu_energy_status="unavailable",
+        ),
+    ]
     s = aggregate.summarize(_agg(rows)).set_index("batch_size")
     assert s.loc[4, "status"] == "ok" and s.loc[4, "energy_per_output_token_j"] == 2.5
     assert s.loc[8, "status"] == "oom" and pd.isna(s.loc[8, "energy_per_output_token_j"])
@@ -73,12 +97,22 @@ def test_same_cuda_index_on_two_nodes_counted_twice_same_uuid_once():
 
 
 def test_host_energy_once_per_host_from_local_rank_zero():
-    measured = dict(host_energy_status="measured", host_energy_detail="zones package-0",
-                    idle_host_power_status="measured", idle_host_power_w=20.0)
+    measured = dict(
+        host_energy_status="measured",
+        host_energy_detail="zones package-0",
+        idle_host_power_status="measured",
+        idle_host_power_w=20.0,
+    )
     rows = [
         row(rank=0, pid=1, host="node0", gpu_uuid="GPU-0", host_energy_mj=50_000.0, **measured),
-        row(rank=1, pid=2, host="node0", gpu_uuid="GPU-1", host_energy_status="not-read",
-            idle_host_power_status="not-read"),
+        row(
+            rank=1,
+            pid=2,
+            host="node0",
+            gpu_uuid="GPU-1",
+            host_energy_status="not-read",
+            idle_host_power_status="not-read",
+        ),
         row(rank=2, pid=3, host="node1", gpu_uuid="GPU-2", host_energy_mj=30_000.0, **measured),
     ]
     w = _agg(rows)
@@ -92,9 +126,12 @@ def test_host_energy_once_per_host_from_local_rank_zero():
 
 
 def test_idle_adjusted_columns_keep_gross_energy():
-    rows = [row(gpu_uuid="GPU-a", idle_gpu_power_w=30.0, idle_gpu_power_status="measured"),
-            row(rank=1, pid=2, gpu_uuid="GPU-b", idle_gpu_power_w=34.0,
-                idle_gpu_power_status="measured")]
+    rows = [
+        row(gpu_uuid="GPU-a", idle_gpu_power_w=30.0, idle_gpu_power_status="measured"),
+        row(
+            rank=1, pid=2, gpu_uuid="GPU-b", idle_gpu_power_w=34.0, idle_gpu_power_status="measured"
+        ),
+    ]
     w = _agg(rows)
     # 2 s window, 2 x 128 J gross, 64 W idle in total.
     assert w.loc[0, "gpu_energy_j"] == 256.0
@@ -108,11 +145,28 @@ def test_idle_adjusted_columns_keep_gross_energy():
 
 def _rep(rep, gen_mj, pre_mj, **over):
     """A generate window (4 iterations x 4 requests x 16 tokens) and its prefill window."""
-    gen = row(**{"repetition": rep, "iterations": 4, "requests": 16, "output_tokens": 256,
-                 "gpu_energy_mj": gen_mj, **over})
-    pre = row(**{"repetition": rep, "phase": "prefill", "iterations": 8, "requests": 32,
-                 "output_tokens": 32, "window_end_ns": 2_000_000_000, "gpu_energy_mj": pre_mj,
-                 **over})
+    gen = row(
+        **{
+            "repetition": rep,
+            "iterations": 4,
+            "requests": 16,
+            "output_tokens": 256,
+            "gpu_energy_mj": gen_mj,
+            **over,
+        }
+    )
+    pre = row(
+        **{
+            "repetition": rep,
+            "phase": "prefill",
+            "iterations": 8,
+            "requests": 32,
+            "output_tokens": 32,
+            "window_end_ns": 2_000_000_000,
+            "gpu_energy_mj": pre_mj,
+            **over,
+        }
+    )
     return [gen, pre]
 
 
@@ -131,8 +185,12 @@ def test_prefill_decode_split_per_output_token():
 
 
 def test_prefill_decode_without_energy_or_prefill_says_why():
-    cpu = dict(gpu_uuid=None, gpu_energy_status="unavailable",
-               gpu_energy_detail="no GPU in use (device=cpu)", device="cpu")
+    cpu = dict(
+        gpu_uuid=None,
+        gpu_energy_status="unavailable",
+        gpu_energy_detail="no GPU in use (device=cpu)",
+        device="cpu",
+    )
     s = aggregate.summarize(_agg(_rep(0, None, None, **cpu))).iloc[0]
     assert math.isnan(s["decode_energy_per_output_token_j"])
     assert s["prefill_decode_status"] == "energy-unavailable"
@@ -162,46 +220,86 @@ def test_summary_ci_columns_and_status():
 
 
 def test_cross_check_ratio():
-    w = _agg([row(energy_source="cross-check", gpu_energy_mj_zeus=129_280.0,
-                  gpu_energy_zeus_status="measured")])
+    w = _agg(
+        [
+            row(
+                energy_source="cross-check",
+                gpu_energy_mj_zeus=129_280.0,
+                gpu_energy_zeus_status="measured",
+            )
+        ]
+    )
     assert w.loc[0, "zeus_nvml_energy_ratio"] == 1.01 and w.loc[0, "zeus_status"] == "measured"
     s = aggregate.summarize(w).iloc[0]
     assert s["energy_source"] == "cross-check" and s["zeus_nvml_energy_ratio"] == 1.01
 
 
 def test_flops_estimate_columns():
-    w = _agg([row(model_parameters=1000, model_parameters_method="counted",
-                  flops_estimate=2.0 * 1000 * 164)])
+    w = _agg(
+        [
+            row(
+                model_parameters=1000,
+                model_parameters_method="counted",
+                flops_estimate=2.0 * 1000 * 164,
+            )
+        ]
+    )
     assert w.loc[0, "flops_estimate_per_s"] == 164_000.0
     assert w.loc[0, "flops_estimate_per_j"] == 328_000.0 / 128.0
 
 
 def test_every_summary_null_has_a_status():
-    cpu = dict(gpu_uuid=None, gpu_energy_status="unavailable",
-               gpu_energy_detail="no GPU in use (device=cpu)", device="cpu")
-    rows = (_rep(0, 160e3, 80e3) + _rep(1, 160e3, 80e3)
-            + [r | {"dp": 2} for r in _rep(0, None, None, **cpu)]
-            + [row(batch_size=8, status="oom", error="OOM", window_start_ns=None,
-                   window_end_ns=None, iterations=None, requests=None, input_tokens=None,
-                   output_tokens=None, gpu_uuid=None, gpu_energy_mj=None,
-                   gpu_energy_status="unavailable", cpu_time_s=None)])
+    cpu = dict(
+        gpu_uuid=None,
+        gpu_energy_status="unavailable",
+        gpu_energy_detail="no GPU in use (device=cpu)",
+        device="cpu",
+    )
+    rows = (
+        _rep(0, 160e3, 80e3)
+        + _rep(1, 160e3, 80e3)
+        + [r | {"dp": 2} for r in _rep(0, None, None, **cpu)]
+        + [
+            row(
+                batch_size=8,
+                status="oom",
+                error="OOM",
+                window_start_ns=None,
+                window_end_ns=None,
+                iterations=None,
+                requests=None,
+                input_tokens=None,
+                output_tokens=None,
+                gpu_uuid=None,
+                gpu_energy_mj=None,
+                gpu_energy_status="unavailable",
+                cpu_time_s=None,
+            )
+        ]
+    )
     s = aggregate.summarize(_agg(rows))
     assert len(s) == 3
-    assert aggregate.unexplained_nulls(s) == []
+    assert results.unexplained_nulls(s) == []
     # A null nobody explains is reported.
     bad = s.copy()
     bad.loc[0, "output_tokens_per_s"] = float("nan")
-    assert aggregate.unexplained_nulls(bad) == ["output_tokens_per_s[0]"]
+    assert results.unexplained_nulls(bad) == ["output_tokens_per_s[0]"]
 
 
 def test_environment_table(tmp_path):
     import json
 
-    record = {"job_id": "j1", "environment": {
-        "gpu_count": 1, "git_commit": "abc", "config_hash": "h", "seeds": {"seed": 0},
-        "hosts": [{"host": "n0", "cpu_model": "Xeon", "packages": {"torch": "2.13.0"}}],
-        "gpus": [{"uuid": "GPU-a", "host": "n0", "name": "H100", "temperature_start_c": 40}],
-    }}
+    record = {
+        "job_id": "j1",
+        "environment": {
+            "gpu_count": 1,
+            "git_commit": "abc",
+            "config_hash": "h",
+            "seeds": {"seed": 0},
+            "hosts": [{"host": "n0", "cpu_model": "Xeon", "packages": {"torch": "2.13.0"}}],
+            "gpus": [{"uuid": "GPU-a", "host": "n0", "name": "H100", "temperature_start_c": 40}],
+        },
+    }
     (tmp_path / "job.json").write_text(json.dumps(record))
     env = aggregate.environment_table([tmp_path / "job.json"])
     assert env.loc[0, "gpu_uuid"] == "GPU-a" and env.loc[0, "torch_version"] == "2.13.0"

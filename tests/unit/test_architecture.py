@@ -1,5 +1,10 @@
 """The shape of ``src/energysweep``: imports point one way, modules and functions stay readable.
 
+The top level is the stages (docs/architecture.md): :data:`LAYERS` orders the top-level
+packages and modules from the bottom up, and :data:`ALLOWED` says which of them each may import.
+A package may import only what its row allows, and every allowed edge points to a lower layer,
+so no package cycle can form.
+
 These are checks on the source text, not on behaviour: an import cycle, a module over
 ``MAX_MODULE_LINES`` or a function over ``MAX_FUNCTION_LINES`` fails here unless its docstring
 gives the reason (a line starting ``Why this is long:``). Lazy imports inside functions count as
@@ -18,6 +23,51 @@ PACKAGE = "energysweep"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 REASON = "Why this is long:"
+
+# Top-level units of energysweep, bottom layer first. A unit imports only lower layers.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"util", "tables", "hw", "job"}),  # vocabulary, schemas, hardware, what a job is
+    frozenset({"energy", "torchpp", "dist"}),  # energy sources; PyTorch TP/PP; rank setup
+    frozenset({"measure", "validity"}),  # the window rule and monitor; trust checks
+    frozenset({"backends", "scenarios", "aggregate", "sweep", "launch"}),
+    frozenset({"run", "results", "figures"}),  # rank entry point; published results; report
+)
+# What each top-level unit may import (besides itself). Changing a row changes the architecture:
+# update docs/architecture.md with it.
+ALLOWED: dict[str, frozenset[str]] = {
+    "util": frozenset(),
+    "tables": frozenset(),
+    "hw": frozenset(),
+    "job": frozenset(),
+    "energy": frozenset({"hw", "tables"}),
+    "torchpp": frozenset({"job"}),
+    "dist": frozenset({"job"}),
+    "measure": frozenset({"dist", "energy", "hw", "job", "tables", "util"}),
+    "validity": frozenset({"energy", "hw", "job", "tables", "util"}),
+    "backends": frozenset({"dist", "energy", "hw", "job", "tables", "torchpp", "util"}),
+    "scenarios": frozenset({"dist", "energy", "hw", "job", "measure", "tables", "torchpp", "util"}),
+    "aggregate": frozenset({"job", "measure", "tables", "util"}),
+    "sweep": frozenset({"job", "util", "validity"}),
+    "launch": frozenset({"job", "measure", "util"}),
+    "run": frozenset(
+        {
+            "backends",
+            "dist",
+            "energy",
+            "hw",
+            "job",
+            "launch",
+            "measure",
+            "scenarios",
+            "tables",
+            "torchpp",
+            "util",
+            "validity",
+        }
+    ),  # fmt: skip
+    "results": frozenset({"aggregate", "tables", "util", "validity"}),
+    "figures": frozenset({"aggregate", "tables", "util"}),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -123,6 +173,56 @@ def test_import_walker_sees_lazy_and_package_imports(tmp_path):
     }
     edges = import_edges(modules)
     assert cycles(edges) == [[f"{PACKAGE}.sub", f"{PACKAGE}.sub.leaf"]]
+
+
+def unit_of(module: str) -> str:
+    """The top-level unit of a module: ``energysweep.job.spec`` -> ``job``."""
+    return module.split(".")[1]
+
+
+def disallowed_imports(edges: dict[str, set[str]], allowed: dict[str, frozenset[str]]) -> list[str]:
+    """Every module-level edge between two units that ``allowed`` does not permit."""
+    bad = []
+    for a, targets in sorted(edges.items()):
+        if a == PACKAGE:
+            continue
+        for b in sorted(targets):
+            ua, ub = unit_of(a), unit_of(b)
+            if ua != ub and ub not in allowed.get(ua, frozenset()):
+                bad.append(f"{a} -> {b} ({ua} may import only {sorted(allowed.get(ua, ()))})")
+    return bad
+
+
+def test_every_unit_is_in_the_table_and_in_one_layer():
+    units = {unit_of(m) for m in _modules() if m != PACKAGE}
+    layered = [u for layer in LAYERS for u in layer]
+    assert sorted(layered) == sorted(set(layered)), "a unit is in two layers"
+    assert units == set(ALLOWED) == set(layered), (
+        f"units without a row: {sorted(units - set(ALLOWED))}; "
+        f"rows without a unit: {sorted(set(ALLOWED) - units)}; "
+        f"not layered: {sorted(units - set(layered))}"
+    )
+
+
+def test_allowed_imports_point_down_the_layers():
+    layer = {u: i for i, units in enumerate(LAYERS) for u in units}
+    upward = [f"{a} -> {b}" for a, bs in ALLOWED.items() for b in bs if layer[b] >= layer[a]]
+    assert not upward, f"allowed imports that do not point to a lower layer: {upward}"
+
+
+def test_allowed_imports_checker_fails_on_a_forbidden_edge():
+    edges = {
+        "energysweep.tables.shards": {"energysweep.aggregate.points"},
+        "energysweep.aggregate.points": {"energysweep.tables.shards"},
+    }
+    assert disallowed_imports(edges, ALLOWED) == [
+        "energysweep.tables.shards -> energysweep.aggregate.points (tables may import only [])"
+    ]
+
+
+def test_packages_import_only_what_the_table_allows():
+    bad = disallowed_imports(import_edges(), ALLOWED)
+    assert not bad, "imports the layering forbids:\n" + "\n".join(bad)
 
 
 def test_no_import_cycle_in_src():

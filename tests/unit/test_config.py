@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from energysweep import config as es_config
+from energysweep.sweep import config as es_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from energysweep import config as es_config
-from energysweep import environments, launch
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
+from energysweep.launch import argv as launch_argv
+from energysweep.sweep import config as es_config
+from energysweep.sweep import interpreters
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,7 @@ def cfg(backends, envs=None):
 
 @pytest.fixture(autouse=True)
 def no_memo(monkeypatch):
-    monkeypatch.setattr(environments, "_memo", {})
+    monkeypatch.setattr(interpreters, "_memo", {})
 
 
 def fake_env(tmp_path: Path, name: str, module_source: str | None) -> str:
@@ -46,25 +47,25 @@ def fake_env(tmp_path: Path, name: str, module_source: str | None) -> str:
 
 def test_the_table_decides_the_interpreter(tmp_path):
     # pytorch: the measure job's own Python; vllm: .venv-vllm beside the Snakefile.
-    assert environments.interpreter("pytorch", {}, tmp_path) is None
-    assert environments.interpreter("vllm", {}, tmp_path) == str(
+    assert interpreters.interpreter("pytorch", {}, tmp_path) is None
+    assert interpreters.interpreter("vllm", {}, tmp_path) == str(
         tmp_path / ".venv-vllm" / "bin" / "python"
     )
-    assert environments.interpreter("vllm", {"vllm": "/opt/v/bin/python"}, tmp_path) == (
+    assert interpreters.interpreter("vllm", {"vllm": "/opt/v/bin/python"}, tmp_path) == (
         "/opt/v/bin/python"
     )
-    assert environments.interpreter("vllm", {"vllm": "envs/x/bin/python"}, tmp_path) == str(
+    assert interpreters.interpreter("vllm", {"vllm": "envs/x/bin/python"}, tmp_path) == str(
         tmp_path / "envs/x/bin/python"
     )
     # Under conda the rule's env is the backend's environment.
-    assert environments.interpreter("vllm", {"vllm": "/opt/v/bin/python"}, tmp_path, True) is None
-    assert set(environments.BACKENDS) == {"pytorch", "vllm", "tensorrt-llm"}
+    assert interpreters.interpreter("vllm", {"vllm": "/opt/v/bin/python"}, tmp_path, True) is None
+    assert set(interpreters.BACKENDS) == {"pytorch", "vllm", "tensorrt-llm"}
 
 
 def test_ranks_start_with_the_environments_interpreter():
-    argv = launch.build_argv(ParallelLayout(tp=2), "vllm", "s.json", 8, python="/e/bin/python")
+    argv = launch_argv.build_argv(ParallelLayout(tp=2), "vllm", "s.json", 8, python="/e/bin/python")
     assert argv[:3] == ["/e/bin/python", "-m", "torch.distributed.run"]
-    argv = launch.build_argv(ParallelLayout(), "vllm", "s.json", 8, python="/e/bin/python")
+    argv = launch_argv.build_argv(ParallelLayout(), "vllm", "s.json", 8, python="/e/bin/python")
     assert argv[:3] == ["/e/bin/python", "-m", "torch.distributed.run"]
 
 
@@ -86,9 +87,9 @@ def test_broken_environment_reports_the_import_error(tmp_path, monkeypatch):
         tmp_path, "broken", "raise ImportError('operator torchvision::nms does not exist')"
     )
     monkeypatch.setitem(
-        environments.BACKENDS, "vllm", replace(environments.BACKENDS["vllm"], module="fakeengine")
+        interpreters.BACKENDS, "vllm", replace(interpreters.BACKENDS["vllm"], module="fakeengine")
     )
-    errors, _ = environments.check(cfg(["vllm"], {"vllm": py}), tmp_path, cache_file=None)
+    errors, _ = interpreters.check(cfg(["vllm"], {"vllm": py}), tmp_path, cache_file=None)
     assert len(errors) == 1
     assert "environments.vllm" in errors[0] and "environment is broken" in errors[0]
     assert "torchvision::nms does not exist" in errors[0] and "make vllm-env" in errors[0]
@@ -96,14 +97,14 @@ def test_broken_environment_reports_the_import_error(tmp_path, monkeypatch):
 
 def test_probe_is_bounded_by_a_timeout(tmp_path):
     py = fake_env(tmp_path, "slow", "import time\ntime.sleep(30)")
-    result = environments.probe(py, "fakeengine", timeout_s=1, cache_file=None)
+    result = interpreters.probe(py, "fakeengine", timeout_s=1, cache_file=None)
     assert not result["ok"] and "did not finish within 1 s" in result["detail"]
 
 
 def test_working_environment_passes_and_is_probed_once(tmp_path, monkeypatch):
     py = fake_env(tmp_path, "good", "__version__ = '0.32.0'")
     monkeypatch.setitem(
-        environments.BACKENDS, "vllm", replace(environments.BACKENDS["vllm"], module="fakeengine")
+        interpreters.BACKENDS, "vllm", replace(interpreters.BACKENDS["vllm"], module="fakeengine")
     )
     cache = tmp_path / "cache.json"
     calls = []
@@ -113,34 +114,34 @@ def test_working_environment_passes_and_is_probed_once(tmp_path, monkeypatch):
         calls.append(args[0])
         return real_run(*args, **kw)
 
-    monkeypatch.setattr(environments.subprocess, "run", counting_run)
+    monkeypatch.setattr(interpreters.subprocess, "run", counting_run)
     c = cfg(["pytorch", "vllm"], {"vllm": py})
-    assert environments.check(c, tmp_path, cache_file=cache) == ([], [])
-    assert environments.check(c, tmp_path, cache_file=cache) == ([], [])
+    assert interpreters.check(c, tmp_path, cache_file=cache) == ([], [])
+    assert interpreters.check(c, tmp_path, cache_file=cache) == ([], [])
     assert len(calls) == 1  # the second check is a cache hit
-    environments._memo.clear()
-    assert environments.check(c, tmp_path, cache_file=cache) == ([], [])
+    interpreters._memo.clear()
+    assert interpreters.check(c, tmp_path, cache_file=cache) == ([], [])
     assert len(calls) == 1  # ... also from the file, in a new workflow process
-    assert environments.probe(py, "fakeengine", cache_file=cache)["version"] == "0.32.0"
+    assert interpreters.probe(py, "fakeengine", cache_file=cache)["version"] == "0.32.0"
     # Installing or removing a package changes the site-packages directory: probed again.
     site = next(Path(py).parent.parent.glob("lib/python3*/site-packages"))
     (site / "other.py").write_text("")
-    environments._memo.clear()
-    assert environments.check(c, tmp_path, cache_file=cache) == ([], [])
+    interpreters._memo.clear()
+    assert interpreters.check(c, tmp_path, cache_file=cache) == ([], [])
     assert len(calls) == 2
 
 
 def test_failures_are_not_cached(tmp_path, monkeypatch):
     py = fake_env(tmp_path, "env", None)
     monkeypatch.setitem(
-        environments.BACKENDS, "vllm", replace(environments.BACKENDS["vllm"], module="fakeengine")
+        interpreters.BACKENDS, "vllm", replace(interpreters.BACKENDS["vllm"], module="fakeengine")
     )
     cache = tmp_path / "cache.json"
     c = cfg(["vllm"], {"vllm": py})
-    assert environments.check(c, tmp_path, cache_file=cache)[0]  # no module: broken
+    assert interpreters.check(c, tmp_path, cache_file=cache)[0]  # no module: broken
     site = next(Path(py).parent.parent.glob("lib/python3*/site-packages"))
     (site / "fakeengine.py").write_text("")  # fixed
-    assert environments.check(c, tmp_path, cache_file=cache) == ([], [])
+    assert interpreters.check(c, tmp_path, cache_file=cache) == ([], [])
 
 
 def test_interpreter_path_with_shell_characters_is_refused(tmp_path):

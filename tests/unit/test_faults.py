@@ -4,11 +4,12 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from energysweep import faults
-from energysweep.faults import ENV_VAR, Fault, FaultSpecError, inject, parse
+from energysweep.util import faults
+from energysweep.util.faults import ENV_VAR, Fault, FaultSpecError, inject, parse
 
 
 @pytest.mark.parametrize("text", [None, "", "  "])
@@ -19,8 +20,9 @@ def test_off_when_unset_or_empty(text):
 
 def test_parses_the_contract_example():
     assert parse('{"rank": 1, "batch_size": 4, "action": "raise"}') == Fault("raise", 1, 4)
-    assert parse('{"action": "hang", "scenario": "training"}') == Fault("hang", None, None,
-                                                                         "training")
+    assert parse('{"action": "hang", "scenario": "training"}') == Fault(
+        "hang", None, None, "training"
+    )
 
 
 @pytest.mark.parametrize(
@@ -60,11 +62,21 @@ def test_without_rank_it_fires_on_every_rank():
 
 @pytest.mark.parametrize(("action", "rc"), [("kill", -signal.SIGKILL), ("hang", None)])
 def test_kill_and_hang_really_happen(action, rc):
-    code = "from energysweep import faults; faults.inject(0, 1, 'inference'); print('survived')"
-    env = {**os.environ, ENV_VAR: f'{{"action": "{action}"}}',
-           "PYTHONPATH": os.path.dirname(os.path.dirname(faults.__file__))}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = (
+        "from energysweep.util import faults; faults.inject(0, 1, 'inference'); print('survived')"
+    )
+    env = {
+        **os.environ,
+        ENV_VAR: f'{{"action": "{action}"}}',
+        "PYTHONPATH": str(Path(faults.__file__).resolve().parents[2]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=3 if action == "hang" else 30)
     except subprocess.TimeoutExpired:

@@ -39,8 +39,15 @@ def _point(backend, scenario, tp, pp, dp, bs, energy: bool, host: bool = False) 
     tps = 100.0 * bs * dp / (1 + 0.2 * (tp - 1)) * (1.3 if backend == "vllm" else 1.0)
     train = scenario == "training"
     row = {
-        "model": "m", "backend": backend, "scenario": scenario, "tp": tp, "pp": pp, "dp": dp,
-        "batch_size": bs, "status": "ok", "device": "cuda" if energy else "cpu",
+        "model": "m",
+        "backend": backend,
+        "scenario": scenario,
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "batch_size": bs,
+        "status": "ok",
+        "device": "cuda" if energy else "cpu",
         "energy_per_output_token_j": math.nan if train else e,
         "energy_per_output_token_j_ci_low": math.nan if train else e * 0.9,
         "energy_per_output_token_j_ci_high": math.nan if train else e * 1.2,
@@ -67,12 +74,18 @@ def _point(backend, scenario, tp, pp, dp, bs, energy: bool, host: bool = False) 
     return row
 
 
-def summary(energy=True, backends=("pytorch",), scenarios=("inference",), host=False,
-            layouts=LAYOUTS) -> pd.DataFrame:
-    return pd.DataFrame([
-        _point(b, sc, *lay, bs, energy, host)
-        for b in backends for sc in scenarios for lay in layouts for bs in BATCHES
-    ])
+def summary(
+    energy=True, backends=("pytorch",), scenarios=("inference",), host=False, layouts=LAYOUTS
+) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            _point(b, sc, *lay, bs, energy, host)
+            for b in backends
+            for sc in scenarios
+            for lay in layouts
+            for bs in BATCHES
+        ]
+    )
 
 
 def _ax_series(ax) -> int:
@@ -132,8 +145,12 @@ def test_energy_per_token_draws_every_layout_with_ci_bars():
     assert sorted(_legend(left)) == ["tp1 pp1 dp1", "tp1 pp1 dp2", "tp1 pp2 dp1", "tp2 pp1 dp1"]
     assert notes(fig) == []
     # CI bars span exactly the summary's CI (tp1 pp1 dp1 at bs 1: 0.5 J, CI 0.45..0.6)
-    bar = next(c for c in left.containers if isinstance(c, ErrorbarContainer)
-               and to_rgba(c.lines[0].get_color()) == to_rgba(layout_style(1, 1, 1).color))
+    bar = next(
+        c
+        for c in left.containers
+        if isinstance(c, ErrorbarContainer)
+        and to_rgba(c.lines[0].get_color()) == to_rgba(layout_style(1, 1, 1).color)
+    )
     segs = bar.lines[2][0].get_segments()
     assert np.allclose(segs[0][:, 1], [0.45, 0.6])
 
@@ -149,8 +166,9 @@ def test_without_any_energy_cpu_time_is_drawn_and_named_never_energy():
     assert "CPU time" in left.get_title()
     assert _ax_series(left) == 4
     # The drawn values are the measured CPU seconds per token, nothing else.
-    drawn = sorted(y for ln in left.get_lines() if ln.get_label() == "_valid"
-                   for y in ln.get_ydata())
+    drawn = sorted(
+        y for ln in left.get_lines() if ln.get_label() == "_valid" for y in ln.get_ydata()
+    )
     expected = sorted((s["cpu_time_s"] / s["output_tokens_per_window"]).tolist())
     assert np.allclose(drawn, expected) and min(drawn) > 0
 
@@ -197,8 +215,11 @@ def test_layouts_at_equal_gpus_compares_at_the_global_batch():
     ax = top[0]
     assert sorted(_legend(ax)) == ["tp1 pp1 dp2", "tp1 pp2 dp1", "tp2 pp1 dp1"]
     dp2 = to_rgba(layout_style(1, 1, 2).color)
-    xs = {tuple(ln.get_xdata()) for ln in ax.get_lines()
-          if ln.get_label() == "_valid" and to_rgba(ln.get_color()) == dp2}
+    xs = {
+        tuple(ln.get_xdata())
+        for ln in ax.get_lines()
+        if ln.get_label() == "_valid" and to_rgba(ln.get_color()) == dp2
+    }
     assert xs == {(2.0, 8.0, 16.0)}  # batch per replica x dp
 
 
@@ -264,8 +285,12 @@ def test_invalid_points_never_make_the_front():
     s.loc[best, "valid"] = False
     fig = pareto_front(prepare(s))
     ax = fig.axes[0]
-    front_x = [x for ln in ax.get_lines() if ln.get_gid() == "energysweep-pareto-front"
-               for x in ln.get_xdata()]
+    front_x = [
+        x
+        for ln in ax.get_lines()
+        if ln.get_gid() == "energysweep-pareto-front"
+        for x in ln.get_xdata()
+    ]
     assert s.loc[best, "output_tokens_per_s"] not in front_x
     assert invalid_points(ax) == 1 and INVALID_LABEL in _legend(ax)
 
@@ -327,11 +352,23 @@ def _stages(gpu: bool) -> pd.DataFrame:
     rows = []
     for bs in BATCHES:
         for rank, share in ((0, 0.6), (1, 0.4)):
-            rows.append({"model": "m", "backend": "pytorch", "scenario": "inference", "tp": 1,
-                         "pp": 2, "dp": 1, "batch_size": bs, "phase": "generate",
-                         "pp_rank": rank, "gpu_energy_j": 10 * share if gpu else math.nan,
-                         "gpu_energy_share": share if gpu else math.nan,
-                         "cpu_time_s": share, "cpu_time_share": share})
+            rows.append(
+                {
+                    "model": "m",
+                    "backend": "pytorch",
+                    "scenario": "inference",
+                    "tp": 1,
+                    "pp": 2,
+                    "dp": 1,
+                    "batch_size": bs,
+                    "phase": "generate",
+                    "pp_rank": rank,
+                    "gpu_energy_j": 10 * share if gpu else math.nan,
+                    "gpu_energy_share": share if gpu else math.nan,
+                    "cpu_time_s": share,
+                    "cpu_time_share": share,
+                }
+            )
             rows.append({**rows[-1], "phase": "prefill"})  # not drawn
     rows.append({**rows[0], "pp": 1, "pp_rank": 0})  # a pp=1 row: not drawn
     return pd.DataFrame(rows)
@@ -369,22 +406,54 @@ def _energy_rows(job, scenario="inference", t0=10**18):
     for k, (bs, phase) in enumerate([(1, "generate"), (1, "prefill"), (4, "generate")]):
         start = t0 + k * 2 * 10**9
         for rank in (0, 1):
-            rows.append({"job_id": job, "model": "m", "backend": "pytorch",
-                         "scenario": scenario, "tp": 2, "pp": 1, "dp": 1, "batch_size": bs,
-                         "repetition": 0, "phase": phase, "status": "ok",
-                         "window_start_ns": start + rank, "window_end_ns": start + 10**9,
-                         "output_tokens": 64 * bs, "input_tokens": 32 * bs})
+            rows.append(
+                {
+                    "job_id": job,
+                    "model": "m",
+                    "backend": "pytorch",
+                    "scenario": scenario,
+                    "tp": 2,
+                    "pp": 1,
+                    "dp": 1,
+                    "batch_size": bs,
+                    "repetition": 0,
+                    "phase": phase,
+                    "status": "ok",
+                    "window_start_ns": start + rank,
+                    "window_end_ns": start + 10**9,
+                    "output_tokens": 64 * bs,
+                    "input_tokens": 32 * bs,
+                }
+            )
     return rows
 
 
 def test_power_timeline_draws_power_and_window_edges():
     t0 = 10**18
-    power = pd.DataFrame([
-        {"job_id": "a", "gpu_uuid": f"GPU-{g}", "time_ns": t0 + i * 10**8,
-         "power_mw": 100_000 + 1000 * i, "status": "measured", "detail": None}
-        for g in ("x", "y") for i in range(60)
-    ] + [{"job_id": "b", "gpu_uuid": None, "time_ns": None, "power_mw": None,
-          "status": "unavailable", "detail": "no GPU in use"}])
+    power = pd.DataFrame(
+        [
+            {
+                "job_id": "a",
+                "gpu_uuid": f"GPU-{g}",
+                "time_ns": t0 + i * 10**8,
+                "power_mw": 100_000 + 1000 * i,
+                "status": "measured",
+                "detail": None,
+            }
+            for g in ("x", "y")
+            for i in range(60)
+        ]
+        + [
+            {
+                "job_id": "b",
+                "gpu_uuid": None,
+                "time_ns": None,
+                "power_mw": None,
+                "status": "unavailable",
+                "detail": "no GPU in use",
+            }
+        ]
+    )
     energy = pd.DataFrame(_energy_rows("a", t0=t0) + _energy_rows("b", t0=t0))
     fig = power_timeline(power, energy)
     a, b = fig.axes[:2]
@@ -392,8 +461,10 @@ def test_power_timeline_draws_power_and_window_edges():
     assert len(gpu_lines) == 2 and a.get_ylabel() == "GPU power [W]"
     assert max(gpu_lines[0].get_ydata()) == pytest.approx(159.0)
     assert sum(p.get_gid() == SPAN_GID for p in a.patches) == 3  # one span per window
-    assert notes(fig) == ["no power samples in 1 of 2 jobs (no GPU in use): their panels show "
-                          "each window's token rate, not power"]
+    assert notes(fig) == [
+        "no power samples in 1 of 2 jobs (no GPU in use): their panels show "
+        "each window's token rate, not power"
+    ]
     assert "token rate, no power samples" in b.get_title() and "token rate" not in a.get_title()
     rates = sorted(ln.get_ydata()[0] for ln in b.get_lines() if ln.get_label() == "_rate")
     assert np.allclose(rates, [64, 64, 256])  # tokens / 1 s window
@@ -436,16 +507,28 @@ def test_prepare_derives_cpu_time_per_token_with_bootstrap_ci_from_windows():
     wins = []
     for bs in BATCHES:
         for rep, cpu in enumerate((0.10, 0.14, 0.12)):
-            wins.append({**{k: s.iloc[0][k] for k in POINT_KEYS}, "batch_size": bs,
-                         "repetition": rep, "phase": "generate", "status": "ok",
-                         "output_tokens": 100.0, "input_tokens": 50.0, "cpu_time_s": cpu,
-                         "host_energy_j": math.nan, "duration_s": 0.5})
+            wins.append(
+                {
+                    **{k: s.iloc[0][k] for k in POINT_KEYS},
+                    "batch_size": bs,
+                    "repetition": rep,
+                    "phase": "generate",
+                    "status": "ok",
+                    "output_tokens": 100.0,
+                    "input_tokens": 50.0,
+                    "cpu_time_s": cpu,
+                    "host_energy_j": math.nan,
+                    "duration_s": 0.5,
+                }
+            )
     p = prepare(s, pd.DataFrame(wins))
     row = p[p["batch_size"] == 4].iloc[0]
     assert row["cpu_s_per_output_token"] == pytest.approx(0.0012)
     lo, hi = bootstrap_ci([0.0010, 0.0014, 0.0012])
     assert (row["cpu_s_per_output_token_ci_low"], row["cpu_s_per_output_token_ci_high"]) == (
-        pytest.approx(lo), pytest.approx(hi))
+        pytest.approx(lo),
+        pytest.approx(hi),
+    )
     assert math.isnan(row["host_energy_per_output_token_j_ci_low"])
     fig = energy_per_token(p)
     assert len([c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]) == 1
@@ -453,8 +536,12 @@ def test_prepare_derives_cpu_time_per_token_with_bootstrap_ci_from_windows():
 
 def test_notes_are_found_by_gid():
     fig = energy_per_token(prepare(summary(energy=False)))
-    assert all(t.get_gid() == NOTE_GID for ax in fig.axes for t in ax.texts
-               if "not measured" in t.get_text())
+    assert all(
+        t.get_gid() == NOTE_GID
+        for ax in fig.axes
+        for t in ax.texts
+        if "not measured" in t.get_text()
+    )
 
 
 def test_only_the_drawn_jobs_power_files_are_read(tmp_path):
@@ -467,9 +554,18 @@ def test_only_the_drawn_jobs_power_files_are_read(tmp_path):
         d = tmp_path / f"model~m/backend~pytorch/scenario~inference/tp~2/pp~1/dp~{k + 1}"
         d.mkdir(parents=True)
         (d / "job.json").write_text("{}")
-        pd.DataFrame([{"job_id": job, "gpu_uuid": None, "time_ns": None, "power_mw": None,
-                       "status": "unavailable", "detail": "no GPU in use"}]).to_parquet(
-            d / "power.parquet")
+        pd.DataFrame(
+            [
+                {
+                    "job_id": job,
+                    "gpu_uuid": None,
+                    "time_ns": None,
+                    "power_mw": None,
+                    "status": "unavailable",
+                    "detail": "no GPU in use",
+                }
+            ]
+        ).to_parquet(d / "power.parquet")
         records.append(d / "job.json")
     energy = pd.DataFrame(energy)
     assert set(load_power(records)["job_id"]) == {f"job{k:02d}" for k in range(14)}

@@ -1,7 +1,7 @@
 import pytest
 
-from energysweep.grid import ModelDims, ParallelLayout, split_contiguous
-from energysweep.sweep import expand_grid
+from energysweep.job.layout import ModelDims, ParallelLayout, split_contiguous
+from energysweep.sweep.grid import expand_grid
 
 TINY = ModelDims(4, 2, 4, 128, 64)
 
@@ -49,9 +49,7 @@ def test_unrunnable_reasons():
     assert ParallelLayout(tp=4).unrunnable_reasons(TINY) == [
         "tp=4 does not divide num_key_value_heads=2"
     ]
-    assert ParallelLayout(pp=8).unrunnable_reasons(TINY) == [
-        "pp=8 exceeds num_hidden_layers=4"
-    ]
+    assert ParallelLayout(pp=8).unrunnable_reasons(TINY) == ["pp=8 exceeds num_hidden_layers=4"]
 
 
 def test_expand_grid_skips_with_reasons():

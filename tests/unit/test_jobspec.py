@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from energysweep import config as es_config
-from energysweep.grid import ParallelLayout
-from energysweep.jobspec import (
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import (
     JobDir,
     JobSpec,
     launched,
@@ -18,11 +17,15 @@ from energysweep.jobspec import (
     restage,
     settings_hash,
 )
+from energysweep.sweep import config as es_config
 
 
 def _config() -> dict:
-    cfg = {"models": [{"name": "tiny", "path": "builtin:tiny"}],
-           "backends": ["pytorch", "vllm"], "scenarios": ["inference", "training"]}
+    cfg = {
+        "models": [{"name": "tiny", "path": "builtin:tiny"}],
+        "backends": ["pytorch", "vllm"],
+        "scenarios": ["inference", "training"],
+    }
     es_config.validate_schema(cfg)
     cfg["workload"]["batch_sizes"] = [4, 1, 2]
     return cfg

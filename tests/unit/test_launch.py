@@ -2,9 +2,9 @@ import sys
 
 import pytest
 
-from energysweep.grid import ParallelLayout
-from energysweep.launch import build_argv, build_env
-from energysweep.ports import rendezvous_port
+from energysweep.job.layout import ParallelLayout
+from energysweep.launch.argv import build_argv, build_env
+from energysweep.launch.ports import rendezvous_port
 
 
 def test_single_rank_runs_directly():
@@ -15,22 +15,46 @@ def test_single_rank_runs_directly():
 def test_one_node_torchrun_standalone():
     argv = build_argv(ParallelLayout(tp=2, dp=2), "pytorch", "s.json", 8, python="py")
     assert argv == [
-        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "energysweep.run", "--spec", "s.json",
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "-m",
+        "energysweep.run",
+        "--spec",
+        "s.json",
     ]
 
 
 def test_multi_node_one_torchrun_per_node_c10d_port_from_job_id():
     argv = build_argv(
-        ParallelLayout(tp=8, pp=2, dp=2), "pytorch", "s.json", 16, python="py",
-        slurm_job_id="123456", head_node="dgx-01",
+        ParallelLayout(tp=8, pp=2, dp=2),
+        "pytorch",
+        "s.json",
+        16,
+        python="py",
+        slurm_job_id="123456",
+        head_node="dgx-01",
     )
     assert argv[:6] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1"]
     i = argv.index("torch.distributed.run")
     assert argv[i + 1 :] == [
-        "--nnodes", "2", "--nproc-per-node", "16", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"dgx-01:{rendezvous_port('123456')}", "--rdzv-id", "123456",
-        "-m", "energysweep.run", "--spec", "s.json",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "16",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"dgx-01:{rendezvous_port('123456')}",
+        "--rdzv-id",
+        "123456",
+        "-m",
+        "energysweep.run",
+        "--spec",
+        "s.json",
     ]
     assert 15000 <= rendezvous_port(123456) < 30000
     assert rendezvous_port(1) != rendezvous_port(2)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from energysweep import dist, ports
-from energysweep.backends.registry import BACKENDS, LAUNCH_MODES
-from energysweep.grid import ParallelLayout, split_contiguous
-from energysweep.placement import Placement
-from energysweep.sweep import expand_grid
+from energysweep import dist
+from energysweep.job.backends import BACKENDS, LAUNCH_MODES
+from energysweep.job.layout import ParallelLayout, split_contiguous
+from energysweep.job.placement import Placement
+from energysweep.launch import ports
+from energysweep.sweep.grid import expand_grid
 
 
 def test_every_backend_names_known_launch_modes():

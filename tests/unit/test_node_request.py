@@ -1,14 +1,14 @@
-"""Resources per node, not per job (energysweep.placement.Placement.node_request), and the
-refusal of layouts whose per-node request cannot fit (energysweep.config.check_node_fit)."""
+"""Resources per node, not per job (energysweep.job.placement.Placement.node_request), and the
+refusal of layouts whose per-node request cannot fit (energysweep.sweep.config.check_node_fit)."""
 
 from __future__ import annotations
 
 import pytest
 
-from energysweep.config import ConfigError, check_node_fit
-from energysweep.grid import ParallelLayout
-from energysweep.placement import MEM_MB_PER_RANK, Placement
-from energysweep.sweep import Grid, GridJob
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import MEM_MB_PER_RANK, Placement
+from energysweep.sweep.config import ConfigError, check_node_fit
+from energysweep.sweep.grid import Grid, GridJob
 
 
 def test_single_node_job_asks_one_task_for_all_its_ranks():
@@ -32,13 +32,15 @@ def test_mpi_mode_asks_one_cpu_per_mpi_rank():
 
 
 def _config(**parallel):
-    return {"parallel": {"gpus_per_node": 8, "cpus_per_node": None, "mem_mb_per_node": None,
-                         **parallel}}
+    return {
+        "parallel": {"gpus_per_node": 8, "cpus_per_node": None, "mem_mb_per_node": None, **parallel}
+    }
 
 
 def _grid(*layouts):
-    return Grid(jobs=[GridJob("m", "pytorch", "inference", ParallelLayout(*lay))
-                      for lay in layouts])
+    return Grid(
+        jobs=[GridJob("m", "pytorch", "inference", ParallelLayout(*lay)) for lay in layouts]
+    )
 
 
 def test_layout_over_node_cpus_is_refused_naming_layout_and_limit():

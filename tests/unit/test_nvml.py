@@ -45,8 +45,11 @@ def test_only_the_hardware_layer_talks_to_nvml():
         text = path.read_text()
         for node in ast.walk(ast.parse(text)):
             names = (
-                [a.name for a in node.names] if isinstance(node, ast.Import)
-                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
             )
             if any(n.split(".")[0] == "pynvml" for n in names):
                 importers.append(path.relative_to(src).as_posix())
@@ -67,9 +70,16 @@ def test_every_source_implements_the_one_interface():
     from energysweep.energy import cputime, crosscheck, rapl, unavailable, unreadable, zeus
     from energysweep.energy.base import EnergySource
 
-    sources = [es_nvml.NvmlSource, zeus.ZeusSource, crosscheck.CrossCheckSource,
-               unavailable.UnavailableSource, unreadable.WithUnreadable, rapl.RaplSource,
-               rapl.UnavailableHostSource, cputime.CpuTime]
+    sources = [
+        es_nvml.NvmlSource,
+        zeus.ZeusSource,
+        crosscheck.CrossCheckSource,
+        unavailable.UnavailableSource,
+        unreadable.WithUnreadable,
+        rapl.RaplSource,
+        rapl.UnavailableHostSource,
+        cputime.CpuTime,
+    ]
     assert all(issubclass(cls, EnergySource) for cls in sources)
 
     class Half(EnergySource):
@@ -195,7 +205,7 @@ def test_unknown_source_named():
 
 
 def test_gpu_snapshot_and_job_environment(fake_nvml):
-    from energysweep import envinfo
+    from energysweep.measure import provenance as envinfo
 
     mod = fake_nvml(fake_pynvml.h100s(2))
     g = mod.fake_gpus[1]
@@ -209,14 +219,25 @@ def test_gpu_snapshot_and_job_environment(fake_nvml):
     end = hw_nvml.gpu_snapshot([g.uuid])
     # Two ranks on two nodes; rank 1 shares node0's GPU (counted once).
     starts = [
-        {"rank": 0, "host": "node0", "local_rank": 0, "gpus": [snap],
-         "host_info": {"host": "node0", "packages": {"zeus": "0.16.0"}, "slurm": {}}},
+        {
+            "rank": 0,
+            "host": "node0",
+            "local_rank": 0,
+            "gpus": [snap],
+            "host_info": {"host": "node0", "packages": {"zeus": "0.16.0"}, "slurm": {}},
+        },
         {"rank": 1, "host": "node0", "local_rank": 1, "gpus": [snap], "host_info": None},
-        {"rank": 2, "host": "node1", "local_rank": 0, "gpus": [],
-         "host_info": {"host": "node1", "packages": {}, "slurm": {}}},
+        {
+            "rank": 2,
+            "host": "node1",
+            "local_rank": 0,
+            "gpus": [],
+            "host_info": {"host": "node1", "packages": {}, "slurm": {}},
+        },
     ]
-    env = envinfo.job_environment(starts, [{"rank": 0, "gpus": end}], "j1", "h",
-                                  "0.1.0+gabc123def456.dirty", {"seed": 0})
+    env = envinfo.job_environment(
+        starts, [{"rank": 0, "gpus": end}], "j1", "h", "0.1.0+gabc123def456.dirty", {"seed": 0}
+    )
     assert env["gpu_count"] == 1 and env["host_count"] == 2
     (gpu,) = env["gpus"]
     assert gpu["ranks"] == [0, 1] and gpu["host"] == "node0"

@@ -7,7 +7,7 @@ import json
 import pynvml as real
 import pytest
 
-from energysweep import preflight, require
+from energysweep.validity import preflight, require
 
 import fake_pynvml
 
@@ -52,16 +52,18 @@ def test_stuck_counter_fails(fake_nvml, tmp_path):
 def test_missing_uuid_fails(fake_nvml, tmp_path):
     mod = fake_nvml(gpus(1))
     missing = "GPU-99999999-1111-2222-3333-000000000099"
-    r = preflight.run(FAST, "gpu", torch_uuids=[mod.fake_gpus[0].uuid, missing],
-                      rapl_root=tmp_path, zeus=False)
+    r = preflight.run(
+        FAST, "gpu", torch_uuids=[mod.fake_gpus[0].uuid, missing], rapl_root=tmp_path, zeus=False
+    )
     assert not r["pass"] and r["checks"]["gpus"]["status"] == "fail"
     assert r["checks"]["gpus"]["missing_uuids"] == [missing]
 
 
 def test_throttling_is_reported(fake_nvml, tmp_path):
     mod = fake_nvml(gpus(1))
-    mod.fake_gpus[0].clock_event_reasons = (real.nvmlClocksEventReasonHwSlowdown
-                                            | real.nvmlClocksEventReasonSwPowerCap)
+    mod.fake_gpus[0].clock_event_reasons = (
+        real.nvmlClocksEventReasonHwSlowdown | real.nvmlClocksEventReasonSwPowerCap
+    )
     r = preflight.run(FAST, "gpu", rapl_root=tmp_path, zeus=False)
     clocks = r["gpus"][0]["clocks"]
     assert clocks["status"] == "fail" and clocks["detail"] == "throttled: hw_slowdown"
@@ -83,11 +85,14 @@ def test_fail_closed_checks_every_rank(fake_nvml):
     assert require.rank_problem(m, "cuda:0", [mod.fake_gpus[0].uuid], 0) is None
     missing = require.rank_problem(m, "cuda:0", ["GPU-not-there"], 0)
     assert "NVMLError_NotFound" in missing
-    reports = [{"rank": 0, "host": "n0", "problem": None},
-               {"rank": 1, "host": "n1", "problem": "GPU energy (auto) unavailable"}]
+    reports = [
+        {"rank": 0, "host": "n0", "problem": None},
+        {"rank": 1, "host": "n1", "problem": "GPU energy (auto) unavailable"},
+    ]
     with pytest.raises(require.EnergyRequired, match="rank 1 on n1: GPU energy"):
-        require.check_job(m, "cuda:0", [mod.fake_gpus[0].uuid], 0, 0, "n0",
-                          gather=lambda _: reports)
+        require.check_job(
+            m, "cuda:0", [mod.fake_gpus[0].uuid], 0, 0, "n0", gather=lambda _: reports
+        )
     gpu = {"require_energy": "gpu", "energy_source": "auto"}
     assert "device=cpu" in require.rank_problem(gpu, "cpu", [], 0)
     host = {"require_energy": "host", "host_energy_source": "auto"}
@@ -96,10 +101,12 @@ def test_fail_closed_checks_every_rank(fake_nvml):
 
 
 def test_require_energy_contradiction_is_a_config_error():
-    from energysweep import config as es_config
+    from energysweep.sweep import config as es_config
 
-    cfg = {"models": [{"name": "t", "path": "builtin:tiny"}],
-           "measurement": {"require_energy": "gpu", "energy_source": "none"}}
+    cfg = {
+        "models": [{"name": "t", "path": "builtin:tiny"}],
+        "measurement": {"require_energy": "gpu", "energy_source": "none"},
+    }
     es_config.validate_schema(cfg)
     with pytest.raises(es_config.ConfigError, match="measurement.require_energy is gpu"):
         es_config.check(cfg)

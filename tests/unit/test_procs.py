@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from energysweep import launch, procs
+from energysweep.launch import job as launch_job
+from energysweep.launch import procs
 
 # The launcher: starts a child in a new session that starts a grandchild ignoring SIGTERM, writes
 # their pids to argv[1], then sleeps (or exits with argv[2] after a moment).
@@ -71,8 +72,9 @@ def test_stop_reaches_other_sessions_and_kills_after_grace(tmp_path, tree_script
     mark = uuid.uuid4().hex
     pids_file = tmp_path / "pids.json"
     with open(tmp_path / "log", "w") as log:
-        proc = procs.start([sys.executable, str(tree_script), str(pids_file), "-1"],
-                           dict(os.environ), log, mark)
+        proc = procs.start(
+            [sys.executable, str(tree_script), str(pids_file), "-1"], dict(os.environ), log, mark
+        )
         pids = wait_for(pids_file)
         assert set(procs.marked(mark)) == set(pids.values())
         t0 = time.monotonic()
@@ -92,14 +94,16 @@ def test_launched_command_dies_with_the_measure_step(tmp_path, tree_script):
     mark = uuid.uuid4().hex
     pids_file = tmp_path / "pids.json"
     starter = tmp_path / "starter.py"
-    starter.write_text(textwrap.dedent(f"""
+    starter.write_text(
+        textwrap.dedent(f"""
         import os, sys, time
-        sys.path.insert(0, {str(Path(procs.__file__).parents[1])!r})
-        from energysweep import procs
+        sys.path.insert(0, {str(Path(procs.__file__).parents[2])!r})
+        from energysweep.launch import procs
         procs.start([sys.executable, {str(tree_script)!r}, {str(pids_file)!r}, "-1"],
                     dict(os.environ), sys.stdout, {mark!r})
         time.sleep(600)
-    """))
+    """)
+    )
     import subprocess
 
     starter_proc = subprocess.Popen([sys.executable, str(starter)])
@@ -120,11 +124,14 @@ def test_launched_command_dies_with_the_measure_step(tmp_path, tree_script):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("exit_code", "timeout_s", "match"), [
-    (-1, 2.0, r"ran longer than limits\.job_timeout_s=2 s"),
-    (3, 60.0, "exited 3"),
-    (0, 60.0, None),
-])
+@pytest.mark.parametrize(
+    ("exit_code", "timeout_s", "match"),
+    [
+        (-1, 2.0, r"ran longer than limits\.job_timeout_s=2 s"),
+        (3, 60.0, "exited 3"),
+        (0, 60.0, None),
+    ],
+)
 def test_run_job_leaves_no_process_and_publishes_only_success(
     tmp_path, tree_script, monkeypatch, exit_code, timeout_s, match
 ):
@@ -134,27 +141,52 @@ def test_run_job_leaves_no_process_and_publishes_only_success(
 
     def fake_argv(layout, backend, spec_path, gpus_per_node, **kw):
         # The stand-in writes the staged job.json, as rank 0 does, then behaves as told.
-        write = (f"import json, pathlib; s = json.load(open({str(spec_path)!r})); "
-                 "p = pathlib.Path(s['outputs']['job_json']); "
-                 "p.parent.mkdir(parents=True, exist_ok=True); p.write_text('{}'); ")
-        return [sys.executable, "-c",
-                write + f"import runpy, sys; sys.argv = ['tree', {str(pids_file)!r}, "
-                f"'{exit_code}']; runpy.run_path({str(tree_script)!r}, run_name='__main__')"]
+        write = (
+            f"import json, pathlib; s = json.load(open({str(spec_path)!r})); "
+            "p = pathlib.Path(s['outputs']['job_json']); "
+            "p.parent.mkdir(parents=True, exist_ok=True); p.write_text('{}'); "
+        )
+        return [
+            sys.executable,
+            "-c",
+            write + f"import runpy, sys; sys.argv = ['tree', {str(pids_file)!r}, "
+            f"'{exit_code}']; runpy.run_path({str(tree_script)!r}, run_name='__main__')",
+        ]
 
-    monkeypatch.setattr(launch, "build_argv", fake_argv)
-    spec = {"job": {"model": "m", "backend": "pytorch", "scenario": "inference",
-                    "tp": 1, "pp": 1, "dp": 1},
-            "outputs": {"job_json": str(out / "job.json")}}
+    monkeypatch.setattr(launch_job, "build_argv", fake_argv)
+    spec = {
+        "job": {
+            "model": "m",
+            "backend": "pytorch",
+            "scenario": "inference",
+            "tp": 1,
+            "pp": 1,
+            "dp": 1,
+        },
+        "outputs": {"job_json": str(out / "job.json")},
+    }
     log_path = tmp_path / "job.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         if match is None:
-            launch.run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=1,
-                           limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5})
+            launch_job.run_job(
+                spec,
+                out / ".spec.json",
+                log,
+                cpus=1,
+                gpus_per_node=1,
+                limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5},
+            )
         else:
-            with pytest.raises(launch.JobFailed, match=match) as info:
-                launch.run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=1,
-                               limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5})
+            with pytest.raises(launch_job.JobFailed, match=match) as info:
+                launch_job.run_job(
+                    spec,
+                    out / ".spec.json",
+                    log,
+                    cpus=1,
+                    gpus_per_node=1,
+                    limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5},
+                )
             assert "nothing of it was published" in str(info.value)
     elapsed = time.monotonic() - t0
     pids = wait_for(pids_file, timeout=1)
@@ -165,21 +197,32 @@ def test_run_job_leaves_no_process_and_publishes_only_success(
     assert not list(out.glob(".staging-*"))
     assert elapsed < timeout_s + 20
     assert written["limits"]["job_timeout_s"] == timeout_s
-    assert written["limits"]["collective_timeout_s"] == launch.DEFAULT_LIMITS[
-        "collective_timeout_s"]
+    assert (
+        written["limits"]["collective_timeout_s"]
+        == launch_job.DEFAULT_LIMITS["collective_timeout_s"]
+    )
 
 
 def test_limits_do_not_change_the_config_hash(tmp_path, monkeypatch):
     def fake_argv(layout, backend, spec_path, gpus_per_node, **kw):
         return [sys.executable, "-c", "raise SystemExit(1)"]
 
-    monkeypatch.setattr(launch, "build_argv", fake_argv)
-    spec = {"job": {"model": "m", "backend": "pytorch", "scenario": "inference",
-                    "tp": 1, "pp": 1, "dp": 1}, "outputs": {"job_json": str(tmp_path / "j")}}
+    monkeypatch.setattr(launch_job, "build_argv", fake_argv)
+    spec = {
+        "job": {
+            "model": "m",
+            "backend": "pytorch",
+            "scenario": "inference",
+            "tp": 1,
+            "pp": 1,
+            "dp": 1,
+        },
+        "outputs": {"job_json": str(tmp_path / "j")},
+    }
     hashes = []
     for limits in ({"job_timeout_s": 5}, {"job_timeout_s": 9, "kill_grace_s": 1}):
-        with open(tmp_path / "log", "w") as log, pytest.raises(launch.JobFailed):
-            launch.run_job(spec, tmp_path / ".spec.json", log, 1, 1, limits=limits)
+        with open(tmp_path / "log", "w") as log, pytest.raises(launch_job.JobFailed):
+            launch_job.run_job(spec, tmp_path / ".spec.json", log, 1, 1, limits=limits)
         written = json.loads((tmp_path / ".spec.json").read_text())
         assert written["limits"]["job_timeout_s"] == limits["job_timeout_s"]
         hashes.append(written["config_hash"])

@@ -8,8 +8,8 @@ from importlib import resources
 import pytest
 from transformers import AutoTokenizer
 
-from energysweep.prompts import load_prompts, select_prompts
-from energysweep.tinymodel import build_tiny_model
+from energysweep.scenarios.prompts import load_prompts, select_prompts
+from energysweep.sweep.tinymodel import build_tiny_model
 
 
 def _write(tmp_path, lines):

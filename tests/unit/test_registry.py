@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from energysweep.backends import base, load_backend
-from energysweep.backends.registry import BACKENDS, LAUNCH_MODES, backend
+from energysweep.job.backends import BACKENDS, LAUNCH_MODES, backend
 
 ROOT = Path(__file__).resolve().parents[2]
 

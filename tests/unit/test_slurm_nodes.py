@@ -1,4 +1,4 @@
-"""Finding a multi-node job's nodes from its job id (energysweep.slurm); the real test is the
+"""Finding a multi-node job's nodes from its job id (energysweep.launch.slurm); the real test is the
 2-node cluster (tests/integration/test_slurm_multinode.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from energysweep.slurm import SlurmNodesError, job_nodes, parse_show_job
+from energysweep.launch.slurm import SlurmNodesError, job_nodes, parse_show_job
 
 SHOW_JOB = """JobId=42 JobName=rule_measure
    UserId=root(0) GroupId=root(0) MCS_label=N/A
@@ -33,8 +33,9 @@ class FakeSlurm:
             return subprocess.CompletedProcess(argv, 0, hosts.get(argv[3], ""), "")
         key = "squeue" if argv[0] == "squeue" else "show job"
         out, rc = self.answers[key]
-        return subprocess.CompletedProcess(argv, rc, out if rc == 0 else "",
-                                           "" if rc == 0 else f"{argv[0]}: error: boom")
+        return subprocess.CompletedProcess(
+            argv, rc, out if rc == 0 else "", "" if rc == 0 else f"{argv[0]}: error: boom"
+        )
 
 
 def test_nodelist_variable_is_used_when_present():

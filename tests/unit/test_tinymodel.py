@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from energysweep import tinymodel
-from energysweep.tinymodel import DEFAULT_SPEC, SPEC_FILE, build_tiny_model, main
+from energysweep.sweep import tinymodel
+from energysweep.sweep.tinymodel import DEFAULT_SPEC, SPEC_FILE, build_tiny_model, main
 
 PROMPTS = ["Hello", "Why is the sky blue on a clear afternoon in summer?"]
 
@@ -198,7 +198,7 @@ def test_cli_bad_spec(tmp_path, spec_json):
 def test_module_import_is_cheap():
     # Snakemake and config validation import this module for DEFAULT_SPEC alone.
     code = (
-        "import sys, energysweep.tinymodel;"
+        "import sys, energysweep.sweep.tinymodel;"
         "print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 from energysweep.torchpp import decode, load, tp
 from energysweep.torchpp import stage as stage_fwd
 
@@ -129,14 +129,14 @@ def test_checkpoint_key_maps_local_layers_to_global():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from energysweep.tinymodel import build_tiny_model
+    from energysweep.sweep.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
 
 
 @pytest.fixture(scope="module")
 def tied_dir(tmp_path_factory):
-    from energysweep.tinymodel import build_tiny_model
+    from energysweep.sweep.tinymodel import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("m") / "tied", {"tie_word_embeddings": True, "seed": 3}

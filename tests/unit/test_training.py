@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from energysweep import aggregate
+from energysweep import aggregate, results
 from energysweep.dist import LayoutMismatch
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 from energysweep.scenarios import accelerate_world, train_data, trainers, training
 from energysweep.scenarios.base import prompt_indices
 from energysweep.tables import shards
@@ -150,7 +150,7 @@ def test_training_config_names_the_missing_section():
 
 
 def test_schema_defaults_fill_the_training_section():
-    from energysweep import config
+    from energysweep.sweep import config
 
     cfg = config.validate_schema({"models": [{"name": "m", "path": "builtin:tiny"}]})
     t = training.training_config(cfg)
@@ -161,7 +161,7 @@ def test_train_stage_matches_the_hf_model(tmp_path):
     """The stage forward every layout runs == HF's forward, and its loss == HF's LM loss."""
     from transformers import AutoModelForCausalLM
 
-    from energysweep.tinymodel import build_tiny_model
+    from energysweep.sweep.tinymodel import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "tiny", {"num_hidden_layers": 2})
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -195,7 +195,7 @@ def test_summary_has_energy_per_training_token_and_says_why_output_figures_are_n
     assert i["output_token_status"] == "ok" and "inference" in i["training_status"]
     assert math.isnan(i["energy_per_train_token_j"]) and math.isnan(i["loss"])
     assert i["energy_per_output_token_j"] == 2.0
-    assert aggregate.unexplained_nulls(s.reset_index()) == []
+    assert results.unexplained_nulls(s.reset_index()) == []
 
 
 def test_training_energy_unavailable_is_null_with_status():

@@ -13,12 +13,14 @@ import sys
 import fake_engines
 import pytest
 
-from energysweep import dist, launch
+from energysweep import dist
 from energysweep.backends import request_log, trtllm_backend
 from energysweep.backends.engine_common import job_options
 from energysweep.energy import STATUS_MEASURED, GpuReading
-from energysweep.grid import ParallelLayout
-from energysweep.placement import Placement
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import Placement
+from energysweep.launch import argv as launch_argv
+from energysweep.launch import replica as launch_replica
 
 SPEC = {
     "job_id": "job-2",
@@ -42,7 +44,7 @@ ENTRY = ["-m", "energysweep.run", "--spec", "s.json"]
 
 
 def argv_for(layout, gpus_per_node=16, **kw):
-    return launch.build_argv(layout, "tensorrt-llm", "s.json", gpus_per_node, python=PY, **kw)
+    return launch_argv.build_argv(layout, "tensorrt-llm", "s.json", gpus_per_node, python=PY, **kw)
 
 
 def kwargs_for(tp=1, pp=1):
@@ -66,7 +68,7 @@ def test_tp8_one_node_direct():
     assert Placement(layout, "tensorrt-llm", 16).launch_mode == "direct"
     assert Placement(layout, "tensorrt-llm", 16).processes == (1, 8)
     assert Placement(layout, "tensorrt-llm", 16).coords(0) == layout.coords(0)  # writer, dp 0
-    env = launch.build_env(layout, base={}, backend="tensorrt-llm", slurm_job_id="9")
+    env = launch_argv.build_env(layout, base={}, backend="tensorrt-llm", slurm_job_id="9")
     assert not any(k.startswith("VLLM_") for k in env)
 
 
@@ -112,7 +114,7 @@ def test_dp2_one_node_is_one_process_per_replica_on_disjoint_gpus(monkeypatch):
         "--nproc-per-node",
         "2",
         "-m",
-        "energysweep.launch",
+        "energysweep.launch.replica",
         "--replica-gpus",
         "2",
         "--spec",
@@ -121,18 +123,18 @@ def test_dp2_one_node_is_one_process_per_replica_on_disjoint_gpus(monkeypatch):
     assert Placement(layout, "tensorrt-llm", 16).processes == (2, 4)
     assert [Placement(layout, "tensorrt-llm", 16).coords(r).dp_rank for r in range(2)] == [0, 1]
     assert all(Placement(layout, "tensorrt-llm", 16).coords(r).is_writer for r in range(2))
-    assert launch.replica_visible_devices("4,5,6,7", 0, 2, 2) == "4,5"
-    assert launch.replica_visible_devices("4,5,6,7", 1, 2, 2) == "6,7"
-    assert launch.replica_visible_devices(None, 1, 2, 2) == "2,3"
+    assert launch_argv.replica_visible_devices("4,5,6,7", 0, 2, 2) == "4,5"
+    assert launch_argv.replica_visible_devices("4,5,6,7", 1, 2, 2) == "6,7"
+    assert launch_argv.replica_visible_devices(None, 1, 2, 2) == "2,3"
     with pytest.raises(ValueError, match="need 4 GPUs"):
-        launch.replica_visible_devices("0,1,2", 1, 2, 2)
+        launch_argv.replica_visible_devices("0,1,2", 1, 2, 2)
     # The replica step sets its GPUs, then becomes the run (same pid under torchrun).
     execs = []
     monkeypatch.setattr(os, "execv", lambda exe, args: execs.append(args))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c,GPU-d")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    launch.replica_main(["--replica-gpus", "2", "--spec", "s.json"])
+    launch_replica.replica_main(["--replica-gpus", "2", "--spec", "s.json"])
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-c,GPU-d"
     assert execs == [[sys.executable, *ENTRY]]
 
@@ -187,7 +189,7 @@ def test_gpus_on_other_nodes_are_reported_unavailable_never_summed_as_total():
 # ---------------------------------------------------------- flow against a fake TensorRT-LLM
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from energysweep.tinymodel import build_tiny_model
+    from energysweep.sweep.tinymodel import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 

@@ -14,18 +14,27 @@ import pandas as pd
 import pynvml as real
 import pytest
 
-from energysweep import aggregate, power_timeline, recheck, stages, validity
+from energysweep import aggregate, results
 from energysweep.energy import nvml as es_nvml
 from energysweep.energy import sampler, wall_ns
 from energysweep.tables import power as power_tbl
 from energysweep.tables import shards
+from energysweep.validity import recheck, stages
+from energysweep.validity import timeline as power_timeline
+from energysweep.validity import verdict as validity
 
 import fake_pynvml
 from tests_rows import row
 
 # Thresholds scaled to 0.25 s windows (the defaults are for real sweeps: 5 s, 20 s, 32 its).
-FAST = {"counter_period_s": 0.005, "min_counter_periods": 5, "min_iterations": 2,
-        "min_steady_state_s": 0.1, "min_ok_repetitions": 3, "max_ci_half_width": 0.5}
+FAST = {
+    "counter_period_s": 0.005,
+    "min_counter_periods": 5,
+    "min_iterations": 2,
+    "min_steady_state_s": 0.1,
+    "min_ok_repetitions": 3,
+    "max_ci_half_width": 0.5,
+}
 WINDOW_S = 0.25
 
 
@@ -50,15 +59,33 @@ def run_job(mod, gpus, reps=3, requests=4, job_id="j1", pp_ranks=None):
         end = wall_ns()
         for i, r in enumerate(readings):
             pp_rank = (pp_ranks or [0] * len(gpus))[i]
-            rows.append(row(
-                job_id=job_id, repetition=rep, rank=i, pid=100 + i, gpu_uuid=r.gpu_uuid,
-                gpu_index=r.gpu_index, gpu_name=r.gpu_name, gpu_energy_mj=r.energy_mj,
-                gpu_energy_status=r.status, window_start_ns=start, window_end_ns=end,
-                iterations=2, requests=requests, batch_size=2, global_batch_size=2,
-                pp=len(set(pp_ranks or [0])), tp=len(gpus) // len(set(pp_ranks or [0])),
-                world_size=len(gpus), pp_rank=pp_rank, cpu_time_s=0.1 * (1 + pp_rank),
-                output_tokens=requests * 16, idle_gpu_power_w=gpus[i].power_mw / 1e3,
-                idle_gpu_power_status="measured"))
+            rows.append(
+                row(
+                    job_id=job_id,
+                    repetition=rep,
+                    rank=i,
+                    pid=100 + i,
+                    gpu_uuid=r.gpu_uuid,
+                    gpu_index=r.gpu_index,
+                    gpu_name=r.gpu_name,
+                    gpu_energy_mj=r.energy_mj,
+                    gpu_energy_status=r.status,
+                    window_start_ns=start,
+                    window_end_ns=end,
+                    iterations=2,
+                    requests=requests,
+                    batch_size=2,
+                    global_batch_size=2,
+                    pp=len(set(pp_ranks or [0])),
+                    tp=len(gpus) // len(set(pp_ranks or [0])),
+                    world_size=len(gpus),
+                    pp_rank=pp_rank,
+                    cpu_time_s=0.1 * (1 + pp_rank),
+                    output_tokens=requests * 16,
+                    idle_gpu_power_w=gpus[i].power_mw / 1e3,
+                    idle_gpu_power_status="measured",
+                )
+            )
     time.sleep(0.05)
     src.close()
     power = pd.DataFrame(samp.stop())
@@ -89,10 +116,11 @@ def test_healthy_job_is_valid_and_timeline_agrees(fake_nvml):
     assert gpu["timeline_counter_ratio"].between(0.95, 1.05).all()
     assert abs(s["recheck_ratio"].iloc[0] - 1) < 0.05 and s["recheck_status"].iloc[0] == "ok"
     win = table[table["scope"] == "window"]
-    assert len(win) == 3 and np.allclose(win["counter_energy_j"],
-                                         gpu.groupby("repetition")["counter_energy_j"].sum())
+    assert len(win) == 3 and np.allclose(
+        win["counter_energy_j"], gpu.groupby("repetition")["counter_energy_j"].sum()
+    )
     assert s["gpu_count"].iloc[0] == 2 and s["gpu_model"].iloc[0] == "NVIDIA H100 80GB HBM3"
-    assert aggregate.unexplained_nulls(s) == []
+    assert results.unexplained_nulls(s) == []
 
 
 def test_slow_counter_period_makes_window_short(fake_nvml):
@@ -153,14 +181,25 @@ def test_missing_uuid_is_no_gpu_energy_and_unchecked(fake_nvml):
     src = energy.make_source("auto", "cuda:0", ["GPU-deadbeef-not-in-nvml"])
     (r,) = (src.begin(), src.end())[1]
     assert r.energy_mj is None and "NVMLError_NotFound" in r.detail
-    rows = shards.to_table([row(repetition=k, gpu_uuid=None, gpu_index=None, gpu_name=None,
-                                gpu_energy_mj=None, gpu_energy_status=r.status,
-                                gpu_energy_detail=r.detail) for k in range(3)]).to_pandas()
+    rows = shards.to_table(
+        [
+            row(
+                repetition=k,
+                gpu_uuid=None,
+                gpu_index=None,
+                gpu_name=None,
+                gpu_energy_mj=None,
+                gpu_energy_status=r.status,
+                gpu_energy_detail=r.detail,
+            )
+            for k in range(3)
+        ]
+    ).to_pandas()
     s, table = verdict(rows, pd.DataFrame(samples_of(mod, [])))
     assert codes(s) == {"no_gpu_energy"} and not s["valid"].iloc[0]
     assert set(s["validity_unchecked"].iloc[0].split(";")) == set(validity.GPU_CHECKS)
     assert (table["status"] == recheck.NO_COUNTER).all()
-    assert aggregate.unexplained_nulls(s) == []
+    assert results.unexplained_nulls(s) == []
 
 
 def samples_of(mod, uuids):
@@ -171,15 +210,32 @@ def samples_of(mod, uuids):
 def test_partial_gpus_few_repetitions_and_no_timeline():
     two = dict(tp=2, world_size=2)
     rows = [row(repetition=k, **two) for k in range(2)]
-    rows += [row(repetition=k, rank=1, pid=2, gpu_uuid="GPU-b", **two,
-                 gpu_energy_mj=None if k == 0 else 1000.0,
-                 gpu_energy_status="unavailable" if k == 0 else "measured") for k in range(2)]
+    rows += [
+        row(
+            repetition=k,
+            rank=1,
+            pid=2,
+            gpu_uuid="GPU-b",
+            **two,
+            gpu_energy_mj=None if k == 0 else 1000.0,
+            gpu_energy_status="unavailable" if k == 0 else "measured",
+        )
+        for k in range(2)
+    ]
     s, _ = verdict(shards.to_table(rows).to_pandas(), EMPTY_POWER)
     assert codes(s) == {"partial_gpus", "few_repetitions", "no_timeline"}
 
 
-EMPTY_POWER = pd.DataFrame(columns=["job_id", "gpu_uuid", "time_ns", "power_mw",
-                                    "energy_counter_mj", "clock_event_reasons"])
+EMPTY_POWER = pd.DataFrame(
+    columns=[
+        "job_id",
+        "gpu_uuid",
+        "time_ns",
+        "power_mw",
+        "energy_counter_mj",
+        "clock_event_reasons",
+    ]
+)
 
 
 def test_batch_not_full_and_ci_wide():
@@ -192,16 +248,27 @@ def test_batch_not_full_and_ci_wide():
 
 
 def test_idle_unstable_from_timeline():
-    rows = shards.to_table([row(repetition=k, idle_gpu_power_w=60.0,
-                                idle_gpu_power_status="measured") for k in range(3)]).to_pandas()
+    rows = shards.to_table(
+        [
+            row(repetition=k, idle_gpu_power_w=60.0, idle_gpu_power_status="measured")
+            for k in range(3)
+        ]
+    ).to_pandas()
     t = np.arange(0, 2.0, 0.1)
     idle_p = np.where(np.arange(len(t)) % 2, 50_000, 70_000)  # 60 W +/- 10 W
-    power = pd.DataFrame({"job_id": "j1", "gpu_uuid": "GPU-a",
-                          "time_ns": (t * 1e9).astype(np.int64) + 10**8,
-                          "power_mw": idle_p, "energy_counter_mj": None,
-                          "clock_event_reasons": None})
-    idle = pd.DataFrame({"job_id": ["j1"], "idle_start_ns": [2 * 10**8],
-                         "idle_end_ns": [18 * 10**8]})
+    power = pd.DataFrame(
+        {
+            "job_id": "j1",
+            "gpu_uuid": "GPU-a",
+            "time_ns": (t * 1e9).astype(np.int64) + 10**8,
+            "power_mw": idle_p,
+            "energy_counter_mj": None,
+            "clock_event_reasons": None,
+        }
+    )
+    idle = pd.DataFrame(
+        {"job_id": ["j1"], "idle_start_ns": [2 * 10**8], "idle_end_ns": [18 * 10**8]}
+    )
     s, table = verdict(rows, power, {**FAST, "require_timeline": False}, idle)
     idle_row = table[table["scope"] == "idle"].iloc[0]
     assert idle_row["power_std_w"] == pytest.approx(10.0, rel=0.01)
@@ -213,10 +280,18 @@ def test_idle_unstable_from_timeline():
 def test_trapezoid_integral_with_interpolated_edges():
     t = np.array([0.0, 1.0, 2.0, 3.0])
     p = np.array([100.0, 200.0, 200.0, 100.0])  # W
-    tl = power_timeline.timelines(pd.DataFrame({
-        "job_id": "j", "gpu_uuid": "GPU-a", "time_ns": (t * 1e9).astype(np.int64)[::-1],
-        "power_mw": p[::-1] * 1e3, "energy_counter_mj": [500_000, 350_000, 150_000, 0],
-        "clock_event_reasons": None}))[("j", "GPU-a")]  # sorted by time on the way in
+    tl = power_timeline.timelines(
+        pd.DataFrame(
+            {
+                "job_id": "j",
+                "gpu_uuid": "GPU-a",
+                "time_ns": (t * 1e9).astype(np.int64)[::-1],
+                "power_mw": p[::-1] * 1e3,
+                "energy_counter_mj": [500_000, 350_000, 150_000, 0],
+                "clock_event_reasons": None,
+            }
+        )
+    )[("j", "GPU-a")]  # sorted by time on the way in
     out = tl.window(int(0.5e9), int(2.5e9))
     # [0.5, 1]: 150 -> 200 W (87.5 J); [1, 2]: 200 J; [2, 2.5]: 200 -> 150 W (87.5 J).
     assert out["timeline_energy_j"] == pytest.approx(375.0)
@@ -225,11 +300,17 @@ def test_trapezoid_integral_with_interpolated_edges():
 
 
 def test_clock_reason_bits_are_pynvmls():
-    names = {"gpu_idle": "GpuIdle", "applications_clocks_setting": "ApplicationsClocksSetting",
-             "sw_power_cap": "SwPowerCap", "hw_slowdown": "HwSlowdown",
-             "sync_boost": "SyncBoost", "sw_thermal": "SwThermalSlowdown",
-             "hw_thermal": "HwThermalSlowdown", "hw_power_brake": "HwPowerBrakeSlowdown",
-             "display_clock_setting": "DisplayClockSetting"}
+    names = {
+        "gpu_idle": "GpuIdle",
+        "applications_clocks_setting": "ApplicationsClocksSetting",
+        "sw_power_cap": "SwPowerCap",
+        "hw_slowdown": "HwSlowdown",
+        "sync_boost": "SyncBoost",
+        "sw_thermal": "SwThermalSlowdown",
+        "hw_thermal": "HwThermalSlowdown",
+        "hw_power_brake": "HwPowerBrakeSlowdown",
+        "display_clock_setting": "DisplayClockSetting",
+    }
     for ours, theirs in names.items():
         real_bit = getattr(real, f"nvmlClocksEventReason{theirs}")
         assert power_tbl.CLOCK_EVENT_REASONS[ours] == real_bit
@@ -254,10 +335,19 @@ def test_stage_energy_and_shares(fake_nvml):
 
 
 def test_cpu_stages_have_cpu_time_and_null_energy():
-    cpu = dict(gpu_uuid=None, gpu_index=None, gpu_name=None, gpu_energy_mj=None,
-               gpu_energy_status="unavailable", device="cpu", pp=2, world_size=2)
-    rows = shards.to_table([row(rank=r, pid=r, pp_rank=r, cpu_time_s=1.0 + r, **cpu)
-                            for r in range(2)]).to_pandas()
+    cpu = dict(
+        gpu_uuid=None,
+        gpu_index=None,
+        gpu_name=None,
+        gpu_energy_mj=None,
+        gpu_energy_status="unavailable",
+        device="cpu",
+        pp=2,
+        world_size=2,
+    )
+    rows = shards.to_table(
+        [row(rank=r, pid=r, pp_rank=r, cpu_time_s=1.0 + r, **cpu) for r in range(2)]
+    ).to_pandas()
     table = stages.stage_table(rows)
     assert table["gpu_energy_j"].isna().all() and table["gpu_energy_share"].isna().all()
     assert table["cpu_time_s"].tolist() == [1.0, 2.0]
@@ -265,11 +355,21 @@ def test_cpu_stages_have_cpu_time_and_null_energy():
 
 
 def test_failed_point_says_few_repetitions_not_window_codes():
-    failed = dict(status="oom", error="OOM", window_start_ns=None, window_end_ns=None,
-                  iterations=None, requests=None, input_tokens=None, output_tokens=None,
-                  gpu_uuid=None, gpu_energy_mj=None, gpu_energy_status="unavailable")
+    failed = dict(
+        status="oom",
+        error="OOM",
+        window_start_ns=None,
+        window_end_ns=None,
+        iterations=None,
+        requests=None,
+        input_tokens=None,
+        output_tokens=None,
+        gpu_uuid=None,
+        gpu_energy_mj=None,
+        gpu_energy_status="unavailable",
+    )
     rows = shards.to_table([row(repetition=k, **failed) for k in range(3)]).to_pandas()
     s, _ = verdict(rows, EMPTY_POWER)
     assert codes(s) == {"no_gpu_energy", "few_repetitions"} and not s["valid"].iloc[0]
     assert set(validity.WINDOW_CHECKS) <= set(s["validity_unchecked"].iloc[0].split(";"))
-    assert aggregate.unexplained_nulls(s) == []
+    assert results.unexplained_nulls(s) == []

@@ -18,11 +18,13 @@ import fake_engines
 import pytest
 import torch
 
-from energysweep import dist, launch, ports
+from energysweep import dist
 from energysweep.backends import request_log, vllm_backend
 from energysweep.backends.engine_common import job_options
-from energysweep.grid import ParallelLayout
-from energysweep.placement import Placement
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import Placement
+from energysweep.launch import argv as launch_argv
+from energysweep.launch import ports
 
 from conftest import vllm_python
 
@@ -65,7 +67,9 @@ def common_kwargs(tp, pp):
 
 
 def argv_for(tp=1, pp=1, dp=1, **kw):
-    return launch.build_argv(ParallelLayout(tp, pp, dp), "vllm", "s.json", 16, python="py", **kw)
+    return launch_argv.build_argv(
+        ParallelLayout(tp, pp, dp), "vllm", "s.json", 16, python="py", **kw
+    )
 
 
 def external_dp_rank(world: int, tp: int, pp: int) -> list[int]:
@@ -152,7 +156,9 @@ def test_engine_options_from_spec_override_defaults():
 
 # --------------------------------------------------------------------------------- env, ports
 def test_env_port_from_slurm_job_id():
-    env = launch.build_env(ParallelLayout(tp=4), base={}, backend="vllm", slurm_job_id="123456")
+    env = launch_argv.build_env(
+        ParallelLayout(tp=4), base={}, backend="vllm", slurm_job_id="123456"
+    )
     assert env["VLLM_PORT"] == str(ports.vllm_port(123456))
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
@@ -168,20 +174,20 @@ def test_concurrent_jobs_get_disjoint_port_blocks():
 
 
 def test_env_port_outside_slurm_is_free():
-    port = int(launch.build_env(ParallelLayout(), base={}, backend="vllm")["VLLM_PORT"])
+    port = int(launch_argv.build_env(ParallelLayout(), base={}, backend="vllm")["VLLM_PORT"])
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # still free: nothing holds it
 
 
 def test_pytorch_env_has_no_vllm_variables():
-    env = launch.build_env(ParallelLayout(tp=2), base={}, backend="pytorch", slurm_job_id="1")
+    env = launch_argv.build_env(ParallelLayout(tp=2), base={}, backend="pytorch", slurm_job_id="1")
     assert not any(k.startswith("VLLM_") for k in env)
 
 
 # ----------------------------------------------------------------- flow against a fake vLLM
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from energysweep.tinymodel import build_tiny_model
+    from energysweep.sweep.tinymodel import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 

@@ -11,8 +11,8 @@ import pytest
 from energysweep import dist
 from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
-from energysweep.grid import ParallelLayout
 from energysweep.hw import nvml as hw_nvml
+from energysweep.job.layout import ParallelLayout
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
 from energysweep.measure.window import finalize_window
@@ -321,16 +321,26 @@ def test_point_failed_on_every_rank_is_its_status(gpu_rank, monkeypatch):
     assert {r["status"] for r in rows} == {"oom"}
 
 
-@pytest.mark.parametrize(("fail", "other", "match"), [
-    (None, ("error", "RuntimeError: boom", False), r"failed on rank\(s\) \[1\] of 2: .*boom"),
-    (RuntimeError("CUDA out of memory"), None, r"failed on rank\(s\) \[0\] of 2"),
-    (RuntimeError("CUDA out of memory"),
-     ("error", "RuntimeError: [gloo] Timed out waiting 600000ms for recv operation", True),
-     r"failed on rank\(s\) \[0, 1\] of 2.*in a collective"),
-    (RuntimeError("CUDA out of memory"),
-     RuntimeError("[gloo/unbound_buffer.cc:129] Timed out waiting 600000ms for send operation"),
-     r"rank 0: the ranks did not agree on batch size 8 within limits\.collective_timeout_s=600 s"),
-])
+@pytest.mark.parametrize(
+    ("fail", "other", "match"),
+    [
+        (None, ("error", "RuntimeError: boom", False), r"failed on rank\(s\) \[1\] of 2: .*boom"),
+        (RuntimeError("CUDA out of memory"), None, r"failed on rank\(s\) \[0\] of 2"),
+        (
+            RuntimeError("CUDA out of memory"),
+            ("error", "RuntimeError: [gloo] Timed out waiting 600000ms for recv operation", True),
+            r"failed on rank\(s\) \[0, 1\] of 2.*in a collective",
+        ),
+        (
+            RuntimeError("CUDA out of memory"),
+            RuntimeError(
+                "[gloo/unbound_buffer.cc:129] Timed out waiting 600000ms for send operation"
+            ),
+            r"rank 0: the ranks did not agree on batch size 8 within "
+            r"limits\.collective_timeout_s=600 s",
+        ),
+    ],
+)
 def test_point_failed_on_some_ranks_or_in_a_collective_aborts_the_job(
     gpu_rank, monkeypatch, fail, other, match
 ):
@@ -341,13 +351,19 @@ def test_point_failed_on_some_ranks_or_in_a_collective_aborts_the_job(
         measurer.point(8)
 
 
-@pytest.mark.parametrize(("text", "comm"), [
-    ("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation "
-     "to complete", True),
-    ("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9607", True),
-    ("Application timeout caused pair closure", True),
-    ("CUDA out of memory. Tried to allocate 2.00 GiB", False),
-    ("index out of range in self", False),
-])
+@pytest.mark.parametrize(
+    ("text", "comm"),
+    [
+        (
+            "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv "
+            "operation to complete",
+            True,
+        ),
+        ("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9607", True),
+        ("Application timeout caused pair closure", True),
+        ("CUDA out of memory. Tried to allocate 2.00 GiB", False),
+        ("index out of range in self", False),
+    ],
+)
 def test_communication_failures_recognised(text, comm):
     assert dist.is_communication_failure(RuntimeError(text)) is comm

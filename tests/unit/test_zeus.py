@@ -126,7 +126,7 @@ def test_zeus_and_cross_check_need_a_gpu():
 
 
 def test_preflight_compares_zeus_with_nvml(zeus_nvml, tmp_path):
-    from energysweep import preflight
+    from energysweep.validity import preflight
 
     fake = zeus_nvml(fake_pynvml.h100s(2), cuda_visible_devices="1")
     g = fake.fake_gpus[1]

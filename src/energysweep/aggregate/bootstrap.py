@@ -15,7 +15,9 @@ CI_LEVEL = 0.95
 
 
 def bootstrap_ci(
-    values, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+    values,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
     level: float = CI_LEVEL,
 ) -> tuple[float, float]:
     """Percentile bootstrap CI of the median of ``values`` (NaNs dropped); NaNs if < 2 values."""
@@ -31,8 +33,12 @@ def bootstrap_ci(
 
 
 def bootstrap_ci_groups(
-    g: np.ndarray, values: np.ndarray, n: int, resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL,
+    g: np.ndarray,
+    values: np.ndarray,
+    n: int,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = CI_LEVEL,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`bootstrap_ci` of each of ``n`` groups' values at once, with the same numbers.
 

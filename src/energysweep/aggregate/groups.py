@@ -98,9 +98,13 @@ class Groups:
         """
         nuniq = self.nunique(values)
         return np.where(
-            self.all(mask_measured), "measured",
-            np.where(self.all(mask_ok), "short-window",
-                     np.where(nuniq == 1, self.first(values), "partial")),
+            self.all(mask_measured),
+            "measured",
+            np.where(
+                self.all(mask_ok),
+                "short-window",
+                np.where(nuniq == 1, self.first(values), "partial"),
+            ),
         ).astype(object)
 
 

@@ -27,7 +27,7 @@ def rerun_command(job_record: str | Path, snakemake_args: list[str] | None = Non
 
     ``--forcerun`` of the job's job.json reruns the measure job that writes it, then everything
     downstream. ``snakemake_args`` are the options of the run that failed (``--profile``,
-    ``--configfile``: energysweep.steplog.snakemake_options), default the local profile.
+    ``--configfile``: energysweep.util.steplog.snakemake_options), default the local profile.
     """
     import shlex
 
@@ -42,19 +42,23 @@ def _job_label(record: dict | None, job_record: Path) -> str:
     return f"{label} ({job_record})" if label else str(job_record)
 
 
-def _problem(table: Path, job_record: Path, record: dict | None, what: str,
-             snakemake_args: list[str] | None) -> str:
+def _problem(
+    table: Path, job_record: Path, record: dict | None, what: str, snakemake_args: list[str] | None
+) -> str:
     """One line per bad file: the file and what is wrong, its job, the command to rerun it."""
-    return (f"{table} {what}; job: {_job_label(record, job_record)}; "
-            f"rerun it: {rerun_command(job_record, snakemake_args)}")
+    return (
+        f"{table} {what}; job: {_job_label(record, job_record)}; "
+        f"rerun it: {rerun_command(job_record, snakemake_args)}"
+    )
 
 
 class MissingJobTable(MergeInputError, FileNotFoundError):
     """A job's table is missing next to its job.json."""
 
 
-def job_table_paths(job_records: list[str | Path],
-                    snakemake_args: list[str] | None = None) -> list[Path]:
+def job_table_paths(
+    job_records: list[str | Path], snakemake_args: list[str] | None = None
+) -> list[Path]:
     """Every job's table (``shards.JOB_TABLE``: all its shards' rows in one file), found next to
     its job.json.
 
@@ -67,8 +71,15 @@ def job_table_paths(job_records: list[str | Path],
     for record in job_records:
         table = Path(record).parent / shards.JOB_TABLE
         if not table.is_file():
-            problems.append(_problem(table, Path(record), None,
-                                     f"is missing although {record} exists", snakemake_args))
+            problems.append(
+                _problem(
+                    table,
+                    Path(record),
+                    None,
+                    f"is missing although {record} exists",
+                    snakemake_args,
+                )
+            )
         paths.append(table)
     if problems:
         raise MissingJobTable(_merge_failure(problems))
@@ -84,16 +95,16 @@ def _merge_failure(problems: list[str]) -> str:
     )
 
 
-def load_job_records(job_records: list[str | Path],
-                     snakemake_args: list[str] | None = None) -> dict[Path, dict]:
+def load_job_records(
+    job_records: list[str | Path], snakemake_args: list[str] | None = None
+) -> dict[Path, dict]:
     """job.json path -> its record; MergeInputError naming every unreadable one."""
     records, problems = {}, []
     for path in map(Path, job_records):
         try:
             records[path] = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            problems.append(_problem(path, path, None, f"is unreadable ({exc})",
-                                     snakemake_args))
+            problems.append(_problem(path, path, None, f"is unreadable ({exc})", snakemake_args))
     if problems:
         raise MergeInputError(_merge_failure(problems))
     return records
@@ -104,8 +115,10 @@ def _check_table(table: pa.Table, record: dict) -> list[str]:
     wrong = []
     versions = set(pc.unique(table.column("schema_version")).to_pylist())
     if versions != {shards.SCHEMA_VERSION} and table.num_rows:
-        wrong.append(f"has schema version {sorted(versions)}, this energysweep merges version "
-                     f"{shards.SCHEMA_VERSION}")
+        wrong.append(
+            f"has schema version {sorted(versions)}, this energysweep merges version "
+            f"{shards.SCHEMA_VERSION}"
+        )
     expected_rows = record.get("job_table_rows")
     if expected_rows is None:
         wrong.append("has no row count in job.json (written by an older energysweep)")
@@ -113,8 +126,10 @@ def _check_table(table: pa.Table, record: dict) -> list[str]:
         wrong.append(f"has {table.num_rows} rows, job.json records {expected_rows}")
     hashes = set(pc.unique(table.column("config_hash")).to_pylist())
     if hashes - {record.get("config_hash")}:
-        wrong.append(f"has config hash {sorted(hashes)}, not job.json's "
-                     f"{record.get('config_hash')!r} (the file belongs to another run)")
+        wrong.append(
+            f"has config hash {sorted(hashes)}, not job.json's "
+            f"{record.get('config_hash')!r} (the file belongs to another run)"
+        )
     ids = set(pc.unique(table.column("job_id")).to_pylist())
     if ids - {record.get("job_id")}:
         wrong.append(f"has job id {sorted(ids)}, not job.json's {record.get('job_id')!r}")
@@ -126,8 +141,9 @@ def _check_table(table: pa.Table, record: dict) -> list[str]:
 MERGE_BATCH = 64
 
 
-def _read_batch(paths: list[str | Path], expect: dict | None = None,
-                snakemake_args: list[str] | None = None) -> tuple[pa.Table | None, list[str]]:
+def _read_batch(
+    paths: list[str | Path], expect: dict | None = None, snakemake_args: list[str] | None = None
+) -> tuple[pa.Table | None, list[str]]:
     """The batch's tables concatenated, and what is wrong with any of them (then no table)."""
     tables, problems = [], []
     for p in paths:
@@ -146,8 +162,9 @@ def _read_batch(paths: list[str | Path], expect: dict | None = None,
         if record is not None:
             wrong = _check_table(table, record)
             if wrong:
-                problems.append(_problem(Path(p), job_record, record, "; ".join(wrong),
-                                         snakemake_args))
+                problems.append(
+                    _problem(Path(p), job_record, record, "; ".join(wrong), snakemake_args)
+                )
                 continue
         tables.append(table)
     if problems:
@@ -155,8 +172,11 @@ def _read_batch(paths: list[str | Path], expect: dict | None = None,
     return pa.concat_tables(tables).combine_chunks(), []
 
 
-def merge(paths: list[str | Path], records: dict[Path, dict] | None = None,
-          snakemake_args: list[str] | None = None) -> pa.Table:
+def merge(
+    paths: list[str | Path],
+    records: dict[Path, dict] | None = None,
+    snakemake_args: list[str] | None = None,
+) -> pa.Table:
     """Read every shard once, check its schema, and concatenate (one chunk per batch of shards).
 
     With ``records`` (job.json path -> record, :func:`load_job_records`), each path must be the

@@ -16,7 +16,7 @@ import pandas as pd
 from energysweep.aggregate.bootstrap import bootstrap_ci_groups
 from energysweep.aggregate.groups import Groups, null_if_empty, values_of
 from energysweep.aggregate.windows import MEASURED
-from energysweep.phases import HEADLINE_PHASES, Phase
+from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS
 
 NOT_TRAINING = "not-applicable (inference: no optimizer steps)"
@@ -59,14 +59,28 @@ def prefill_decode(win: pd.DataFrame) -> pd.DataFrame:
 
 # The columns a point's medians are taken of (over its ok repetitions).
 _MEDIAN_COLUMNS = [
-    "energy_per_output_token_j", "energy_per_request_j", "energy_per_iteration_j",
-    "output_tokens_per_s", "mean_gpu_power_w", "energy_per_train_token_j",
-    "train_tokens_per_s", "samples_per_s", "loss", "idle_gpu_power_w",
-    "gpu_energy_idle_adjusted_j", "energy_per_output_token_idle_adjusted_j",
-    "host_energy_per_output_token_j", "mean_host_power_w",
-    "host_energy_per_output_token_idle_adjusted_j", "zeus_nvml_energy_ratio",
-    "flops_estimate_per_s", "flops_estimate_per_j", "duration_s", "iterations",
-    "output_tokens", "cpu_time_s",
+    "energy_per_output_token_j",
+    "energy_per_request_j",
+    "energy_per_iteration_j",
+    "output_tokens_per_s",
+    "mean_gpu_power_w",
+    "energy_per_train_token_j",
+    "train_tokens_per_s",
+    "samples_per_s",
+    "loss",
+    "idle_gpu_power_w",
+    "gpu_energy_idle_adjusted_j",
+    "energy_per_output_token_idle_adjusted_j",
+    "host_energy_per_output_token_j",
+    "mean_host_power_w",
+    "host_energy_per_output_token_idle_adjusted_j",
+    "zeus_nvml_energy_ratio",
+    "flops_estimate_per_s",
+    "flops_estimate_per_j",
+    "duration_s",
+    "iterations",
+    "output_tokens",
+    "cpu_time_s",
 ]
 
 
@@ -105,7 +119,9 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
                 ok["host_energy_idle_adjusted_j"] / ok["output_tokens"]
             )
         ),
-        ok_gid, n, _MEDIAN_COLUMNS,
+        ok_gid,
+        n,
+        _MEDIAN_COLUMNS,
     )
 
     status_set = rows.joined(head["status"], ",")
@@ -118,15 +134,27 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
         "repetitions": n_rows,
         "repetitions_ok": n_ok,
         "energy_source": rows.joined(head["energy_source"], ",").tolist(),
-        **{c: med[c].to_numpy() for c in (
-            "energy_per_output_token_j", "energy_per_request_j", "energy_per_iteration_j",
-            "output_tokens_per_s", "mean_gpu_power_w",
-        )},
+        **{
+            c: med[c].to_numpy()
+            for c in (
+                "energy_per_output_token_j",
+                "energy_per_request_j",
+                "energy_per_iteration_j",
+                "output_tokens_per_s",
+                "mean_gpu_power_w",
+            )
+        },
         "output_token_status": np.where(training, NO_OUTPUT_TOKENS, "ok").tolist(),
         "training_status": np.where(training, "ok", NOT_TRAINING).tolist(),
-        **{c: med[c].to_numpy() for c in (
-            "energy_per_train_token_j", "train_tokens_per_s", "samples_per_s", "loss",
-        )},
+        **{
+            c: med[c].to_numpy()
+            for c in (
+                "energy_per_train_token_j",
+                "train_tokens_per_s",
+                "samples_per_s",
+                "loss",
+            )
+        },
         **_ci_columns(ok, ok_gid, n, n_ok),
         **_idle_columns(head, gid, good, med),
         **_prefill_decode_columns(split, ok, ok_gid, n, n_ok, training),
@@ -158,22 +186,31 @@ def _idle_columns(head: pd.DataFrame, gid: np.ndarray, good: Groups, med: pd.Dat
     return {
         "gpu_energy_status": _joined_ok(head, good, "gpu_energy_status", "unavailable"),
         "gpu_energy_detail": _join_text(head, gid, good, "gpu_energy_detail"),
-        **{c: med[c].to_numpy() for c in (
-            "idle_gpu_power_w", "gpu_energy_idle_adjusted_j",
-            "energy_per_output_token_idle_adjusted_j",
-        )},
+        **{
+            c: med[c].to_numpy()
+            for c in (
+                "idle_gpu_power_w",
+                "gpu_energy_idle_adjusted_j",
+                "energy_per_output_token_idle_adjusted_j",
+            )
+        },
         "idle_status": _joined_ok(head, good, "idle_status", "unavailable"),
     }
 
 
-def _host_and_window_columns(head: pd.DataFrame, gid: np.ndarray, rows: Groups, good: Groups,
-                             med: pd.DataFrame) -> dict:
+def _host_and_window_columns(
+    head: pd.DataFrame, gid: np.ndarray, rows: Groups, good: Groups, med: pd.DataFrame
+) -> dict:
     """Per point host energy, Zeus cross-check, FLOPs, window size, processes and provenance."""
     return {
-        **{c: med[c].to_numpy() for c in (
-            "host_energy_per_output_token_j", "mean_host_power_w",
-            "host_energy_per_output_token_idle_adjusted_j",
-        )},
+        **{
+            c: med[c].to_numpy()
+            for c in (
+                "host_energy_per_output_token_j",
+                "mean_host_power_w",
+                "host_energy_per_output_token_idle_adjusted_j",
+            )
+        },
         "host_energy_status": _joined_ok(head, good, "host_energy_status", "unavailable"),
         "host_energy_detail": _join_text(head, gid, good, "host_energy_detail"),
         "idle_host_status": _joined_ok(head, good, "idle_host_status", "unavailable"),
@@ -181,25 +218,34 @@ def _host_and_window_columns(head: pd.DataFrame, gid: np.ndarray, rows: Groups, 
         "zeus_status": _joined_ok(head, good, "zeus_status", "not-requested"),
         **{c: med[c].to_numpy() for c in ("flops_estimate_per_s", "flops_estimate_per_j")},
         "flops_status": rows.joined(head["flops_status"], ",").tolist(),
-        **{out: med[c].to_numpy() for out, c in (
-            ("window_s", "duration_s"), ("iterations_per_window", "iterations"),
-            ("output_tokens_per_window", "output_tokens"),
-        )},
+        **{
+            out: med[c].to_numpy()
+            for out, c in (
+                ("window_s", "duration_s"),
+                ("iterations_per_window", "iterations"),
+                ("output_tokens_per_window", "output_tokens"),
+            )
+        },
         **{
             c: head[c].groupby(gid).max().to_numpy().astype(np.int64)
             for c in ("n_processes", "n_gpus", "n_hosts")
         },
         "cpu_time_s": med["cpu_time_s"].to_numpy(),
-        **{c: rows.joined(head[c], ",").tolist() for c in ("device", "config_hash",
-                                                           "code_version")},
+        **{
+            c: rows.joined(head[c], ",").tolist() for c in ("device", "config_hash", "code_version")
+        },
     }
 
 
 def _ci_columns(ok: pd.DataFrame, ok_gid: np.ndarray, n: int, n_ok: np.ndarray) -> dict:
     """Per point the bootstrap CI of the median of each headline metric, and ``ci_status``."""
     columns = {}
-    for metric in ("energy_per_output_token_j", "output_tokens_per_s", "mean_gpu_power_w",
-                   "energy_per_train_token_j"):
+    for metric in (
+        "energy_per_output_token_j",
+        "output_tokens_per_s",
+        "mean_gpu_power_w",
+        "energy_per_train_token_j",
+    ):
         lo, hi = bootstrap_ci_groups(ok_gid, values_of(ok, metric), n)
         columns[f"{metric}_ci_low"], columns[f"{metric}_ci_high"] = lo, hi
     columns["ci_status"] = [
@@ -209,13 +255,22 @@ def _ci_columns(ok: pd.DataFrame, ok_gid: np.ndarray, n: int, n_ok: np.ndarray) 
 
 
 def _prefill_decode_columns(
-    split: pd.DataFrame, ok: pd.DataFrame, ok_gid: np.ndarray, n: int, n_ok: np.ndarray,
+    split: pd.DataFrame,
+    ok: pd.DataFrame,
+    ok_gid: np.ndarray,
+    n: int,
+    n_ok: np.ndarray,
     training: np.ndarray,
 ) -> dict:
     """Per point the prefill/decode split over its ok repetitions (see :func:`prefill_decode`)."""
     keys = ["job_id", *POINT_KEYS, "repetition"]
-    cols = ["prefill_energy_per_request_j", "decode_energy_per_output_token_j",
-            "prefill_energy_fraction", "prefill_s_per_iteration", "decode_output_tokens_per_s"]
+    cols = [
+        "prefill_energy_per_request_j",
+        "decode_energy_per_output_token_j",
+        "prefill_energy_fraction",
+        "prefill_s_per_iteration",
+        "decode_output_tokens_per_s",
+    ]
     if len(split):
         rows = split.merge(ok[keys].assign(_point=ok_gid), on=keys, how="inner")
     else:
@@ -235,9 +290,14 @@ def _prefill_decode_columns(
         out = {c: np.full(n, np.nan) for c in cols}
         status = np.full(n, "", dtype=object)
     out["prefill_decode_status"] = np.where(
-        has, status,
-        np.where(training, "not-applicable (training)",
-                 np.where(n_ok > 0, "no-prefill-window (measurement.prefill_pass: false)",
-                          "point-failed")),
+        has,
+        status,
+        np.where(
+            training,
+            "not-applicable (training)",
+            np.where(
+                n_ok > 0, "no-prefill-window (measurement.prefill_pass: false)", "point-failed"
+            ),
+        ),
     ).tolist()
     return out

@@ -37,9 +37,14 @@ def _write_dataset_tmp(table: pa.Table, out: Path) -> Path:
         if table.num_rows:
             # One chunk per shard made the partitioned write 25x slower (per-batch work).
             ds.write_dataset(
-                table.combine_chunks(), tmp, format="parquet", partitioning=PARTITION_KEYS,
-                partitioning_flavor="hive", basename_template="part-{i}.parquet",
-                existing_data_behavior="overwrite_or_ignore", preserve_order=True,
+                table.combine_chunks(),
+                tmp,
+                format="parquet",
+                partitioning=PARTITION_KEYS,
+                partitioning_flavor="hive",
+                basename_template="part-{i}.parquet",
+                existing_data_behavior="overwrite_or_ignore",
+                preserve_order=True,
             )
         else:  # no partitions to write: one empty file keeps the schema readable
             pq.write_table(table, tmp / "part-0.parquet")
@@ -72,8 +77,9 @@ def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
     _swap_in(_write_dataset_tmp(table, out), out)
 
 
-def publish(table: pa.Table, energy_out: str | Path,
-            files: list[tuple[Path, Callable[[str], object]]]) -> None:
+def publish(
+    table: pa.Table, energy_out: str | Path, files: list[tuple[Path, Callable[[str], object]]]
+) -> None:
     """Write ``table`` as the dataset ``energy_out`` and each (output, writer) of ``files``, all
     or nothing.
 

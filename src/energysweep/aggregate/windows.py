@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from energysweep.aggregate.groups import Groups, is_in, null_if_empty, values_of
-from energysweep.phases import Phase
+from energysweep.tables.phases import Phase
 from energysweep.tables.shards import WINDOW_KEYS
 
 MEASURED = {"measured", "short-window"}
@@ -21,13 +21,41 @@ TRAIN_PHASE = Phase.TRAIN.value
 
 # The shard columns windows() reads; aggregate() converts only these to pandas.
 WINDOW_COLUMNS = [
-    *WINDOW_KEYS, "status", "error", "window_start_ns", "window_end_ns", "iterations", "requests",
-    "input_tokens", "output_tokens", "rank", "pid", "host", "device", "gpu_uuid",
-    "gpu_energy_mj", "gpu_energy_status", "gpu_energy_method", "gpu_energy_detail",
-    "energy_source", "gpu_energy_mj_zeus", "gpu_energy_zeus_status", "idle_gpu_power_w",
-    "idle_gpu_power_status", "host_energy_mj", "host_dram_energy_mj", "host_energy_status",
-    "host_energy_detail", "idle_host_power_w", "idle_host_power_status", "cpu_time_s",
-    "model_parameters", "model_parameters_method", "flops_estimate", "loss", "config_hash",
+    *WINDOW_KEYS,
+    "status",
+    "error",
+    "window_start_ns",
+    "window_end_ns",
+    "iterations",
+    "requests",
+    "input_tokens",
+    "output_tokens",
+    "rank",
+    "pid",
+    "host",
+    "device",
+    "gpu_uuid",
+    "gpu_energy_mj",
+    "gpu_energy_status",
+    "gpu_energy_method",
+    "gpu_energy_detail",
+    "energy_source",
+    "gpu_energy_mj_zeus",
+    "gpu_energy_zeus_status",
+    "idle_gpu_power_w",
+    "idle_gpu_power_status",
+    "host_energy_mj",
+    "host_dram_energy_mj",
+    "host_energy_status",
+    "host_energy_detail",
+    "idle_host_power_w",
+    "idle_host_power_status",
+    "cpu_time_s",
+    "model_parameters",
+    "model_parameters_method",
+    "flops_estimate",
+    "loss",
+    "config_hash",
     "code_version",
 ]
 
@@ -40,10 +68,14 @@ def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray)
     """
     host = energy["host"]
     keep = host.notna().to_numpy()
-    order = pd.DataFrame({
-        "g": gid, "host": host, "not_read": is_in(energy, "host_energy_status", ["not-read"]),
-        "pos": np.arange(len(energy)),
-    })[keep].sort_values(["g", "host", "not_read", "pos"], kind="stable")
+    order = pd.DataFrame(
+        {
+            "g": gid,
+            "host": host,
+            "not_read": is_in(energy, "host_energy_status", ["not-read"]),
+            "pos": np.arange(len(energy)),
+        }
+    )[keep].sort_values(["g", "host", "not_read", "pos"], kind="stable")
     per_host = order.drop_duplicates(["g", "host"])["pos"].to_numpy()
     h = Groups(gid, n, per_host)
     measured = ok & h.all(is_in(energy, "host_energy_status", ["measured"]))
@@ -58,7 +90,8 @@ def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray)
             measured, h.sum_all_or_nan(values_of(energy, "host_dram_energy_mj")) / 1e3, np.nan
         ),
         "host_energy_status": np.where(
-            measured, "measured",
+            measured,
+            "measured",
             h.status_of(energy["host_energy_status"], host_measured, host_measured),
         ).tolist(),
         "host_energy_detail": null_if_empty(h.joined(energy["host_energy_detail"], "; ")),
@@ -66,14 +99,16 @@ def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray)
             idle_ok, h.sum_all_or_nan(values_of(energy, "idle_host_power_w")), np.nan
         ),
         "idle_host_status": np.where(
-            idle_ok, "measured",
+            idle_ok,
+            "measured",
             h.status_of(energy["idle_host_power_status"], idle_measured, idle_measured),
         ).tolist(),
     }
 
 
-def _gpu_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray,
-                 rows: Groups) -> dict:
+def _gpu_columns(
+    energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray, rows: Groups
+) -> dict:
     """GPU energy, Zeus cross-check and idle power per window, each distinct GPU UUID once."""
     # GPUs: each distinct UUID of the window once (its first row).
     uuid = energy["gpu_uuid"]
@@ -88,7 +123,8 @@ def _gpu_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray,
     short = rows.any(is_in(energy, "gpu_energy_status", ["short-window"]))
     unavailable = rows.all(is_in(energy, "gpu_energy_status", ["unavailable"]))
     estatus = np.where(
-        energy_ok, np.where(short, "short-window", "measured"),
+        energy_ok,
+        np.where(short, "short-window", "measured"),
         np.where(unavailable, "unavailable", "partial"),
     )
 
@@ -97,7 +133,8 @@ def _gpu_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray,
     zeus_ok = is_in(energy, "gpu_energy_zeus_status", MEASURED)
     zeus_j = np.where(
         ok & has_gpus & gpus.all(zeus_ok),
-        gpus.sum_all_or_nan(values_of(energy, "gpu_energy_mj_zeus")) / 1e3, np.nan,
+        gpus.sum_all_or_nan(values_of(energy, "gpu_energy_mj_zeus")) / 1e3,
+        np.nan,
     )
     zeus_status = np.where(
         has_gpus, gpus.status_of(zeus_st, zeus_measured, zeus_ok), "not-requested"
@@ -108,11 +145,13 @@ def _gpu_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray,
     idle_measured = is_in(energy, "idle_gpu_power_status", ["measured"])
     idle_in = is_in(energy, "idle_gpu_power_status", MEASURED)
     idle_w = np.where(
-        has_gpus & gpus.all(idle_in), gpus.sum_all_or_nan(values_of(energy, "idle_gpu_power_w")),
+        has_gpus & gpus.all(idle_in),
+        gpus.sum_all_or_nan(values_of(energy, "idle_gpu_power_w")),
         np.nan,
     )
     idle_status = np.where(
-        has_gpus, gpus.status_of(idle_st, idle_measured, idle_in),
+        has_gpus,
+        gpus.status_of(idle_st, idle_measured, idle_in),
         rows.status_of(idle_st, idle_measured, idle_in),
     )
     return {
@@ -139,9 +178,7 @@ def _derived(w: pd.DataFrame) -> pd.DataFrame:
     )
     w["host_energy_per_output_token_j"] = w["host_energy_j"] / w["output_tokens"]
     w["mean_host_power_w"] = w["host_energy_j"] / w["duration_s"]
-    w["host_energy_idle_adjusted_j"] = (
-        w["host_energy_j"] - w["idle_host_power_w"] * w["duration_s"]
-    )
+    w["host_energy_idle_adjusted_j"] = w["host_energy_j"] - w["idle_host_power_w"] * w["duration_s"]
     w["zeus_nvml_energy_ratio"] = w["gpu_energy_zeus_j"] / w["gpu_energy_j"]
     w["flops_estimate_per_s"] = w["flops_estimate"] / w["duration_s"]
     w["flops_estimate_per_j"] = w["flops_estimate"] / w["gpu_energy_j"]
@@ -192,8 +229,10 @@ def windows(energy: pd.DataFrame) -> pd.DataFrame:
         "gpu_energy_status": gpu["gpu_energy_status"],
         "gpu_energy_method": rows.joined(energy["gpu_energy_method"], ",").tolist(),
         "gpu_energy_detail": null_if_empty(rows.joined(energy["gpu_energy_detail"], "; ")),
-        **{c: gpu[c] for c in ("gpu_energy_zeus_j", "zeus_status", "idle_gpu_power_w",
-                               "idle_status")},
+        **{
+            c: gpu[c]
+            for c in ("gpu_energy_zeus_j", "zeus_status", "idle_gpu_power_w", "idle_status")
+        },
         **_host_columns(energy, gid, n, ok),
         "cpu_time_s": processes.sum_min_count_1(values_of(energy, "cpu_time_s")),
         "model_parameters": first["model_parameters"],

@@ -1,6 +1,6 @@
 """Inference backends: one module per engine, imported lazily (vLLM/TRT-LLM need CUDA).
 
-Which module implements which backend is data (energysweep.backends.registry); each defines
+Which module implements which backend is data (energysweep.job.backends); each defines
 ``load_backend(ctx)`` returning an :class:`energysweep.backends.base.Backend`.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from energysweep.backends.registry import backend
+from energysweep.job.backends import backend
 
 
 def load_backend(name: str, ctx):

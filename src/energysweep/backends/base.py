@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from energysweep.oom import is_oom
+from energysweep.util.oom import is_oom
 
 
 class Backend(ABC):

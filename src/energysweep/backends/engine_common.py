@@ -77,7 +77,6 @@ def spec_of(ctx) -> dict:
     return spec
 
 
-
 class EngineBackend(Backend):
     """Tokenisation and the per-request log; subclasses add the engine itself.
 
@@ -119,8 +118,9 @@ class EngineBackend(Backend):
         if not writer:
             return None
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
-        self._record(call, start, end, batch, [len(t) for t in tokens],
-                     [timing_of(o) for o in outputs])
+        self._record(
+            call, start, end, batch, [len(t) for t in tokens], [timing_of(o) for o in outputs]
+        )
         return tokens
 
     def _record(self, call: int, start_ns: int, end_ns: int, batch, lengths, timings) -> None:

@@ -22,9 +22,9 @@ import torch
 
 from energysweep.backends.base import Backend
 from energysweep.dist import RankContext
-from energysweep.oom import is_oom
 from energysweep.torchpp.decode import StageRunner
 from energysweep.torchpp.load import load_rank_stage
+from energysweep.util.oom import is_oom
 
 
 class PyTorchBackend(Backend):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 from energysweep.backends.engine_common import EngineBackend, JobOptions, job_options, spec_of
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 
 DOC_VERSION = (
     "1.2"  # TensorRT-LLM release the parameter names were taken for (not installable here)

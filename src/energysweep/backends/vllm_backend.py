@@ -7,7 +7,7 @@ How a layout maps onto vLLM (checked against vLLM 0.32.0's source, see docs/back
   distributed_executor_backend="external_launcher")`` in every rank: each rank runs one worker
   in-process on its own GPU and reuses the process group energysweep.dist started;
 - DP: vLLM lays ranks out as ExternalDP x DP x PP x TP (tp innermost, as
-  :class:`energysweep.grid.ParallelLayout`), so with ``data_parallel_size=1`` a world of
+  :class:`energysweep.job.layout.ParallelLayout`), so with ``data_parallel_size=1`` a world of
   tp*pp*dp ranks holds dp *independent* replicas ("every dp rank can generate independently").
   Prompts are split by energysweep.run as for PyTorch, and all ranks of a replica submit the same
   batch. vLLM's own DP (``data_parallel_size > 1`` or VLLM_DP_SIZE) is for MoE models: in one
@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 
 from energysweep.backends.engine_common import EngineBackend, JobOptions, job_options, spec_of
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 
 TESTED_VERSION = "0.32.0"  # EngineArgs / SamplingParams field names checked against this
 METRICS_SOURCE = "vllm RequestOutput.metrics (first_token_latency, first/last_token_ts)"
@@ -48,7 +48,7 @@ def engine_kwargs(
     """Keyword arguments of ``vllm.LLM(...)`` (all are ``EngineArgs`` fields) for one rank.
 
     ``on_gpu`` False (CPU ranks): no ``gpu_memory_utilization``; the KV cache size comes from
-    ``VLLM_CPU_KVCACHE_SPACE`` (energysweep.launch.backend_env).
+    ``VLLM_CPU_KVCACHE_SPACE`` (energysweep.launch.argv.backend_env).
     """
     kwargs = {
         "model": model_dir,

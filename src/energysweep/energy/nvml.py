@@ -27,14 +27,20 @@ class CounterWentBackwards(RuntimeError):
     """The energy counter decreased inside a window (driver reload or a wrong device)."""
 
 
-def window_reading(gpu: dict, energy_mj: float, duration_ns: int, method: str,
-                   source: str) -> GpuReading:
+def window_reading(
+    gpu: dict, energy_mj: float, duration_ns: int, method: str, source: str
+) -> GpuReading:
     """The reading of one GPU (a dict with uuid, index, pci, name) over a window of
     ``duration_ns``; flagged short-window when shorter than the counter's update period."""
     short = duration_ns < COUNTER_UPDATE_PERIOD_NS
     return GpuReading(
-        gpu["uuid"], gpu["index"], gpu["pci"], gpu["name"], energy_mj,
-        STATUS_SHORT_WINDOW if short else STATUS_MEASURED, method,
+        gpu["uuid"],
+        gpu["index"],
+        gpu["pci"],
+        gpu["name"],
+        energy_mj,
+        STATUS_SHORT_WINDOW if short else STATUS_MEASURED,
+        method,
         f"window {duration_ns / 1e6:.1f} ms < counter update period" if short else "",
         source=source,
     )

@@ -102,7 +102,7 @@ class PowerSampler:
                 row["energy_counter_mj"] = hw_nvml.energy_mj(handle)
             except Exception:
                 row["energy_counter_mj"] = None  # pre-Volta: power only
-            try:  # why clocks are below maximum (energysweep.validity flags throttling)
+            try:  # why clocks are below maximum (energysweep.validity.verdict flags throttling)
                 row["clock_event_reasons"] = hw_nvml.clock_event_reasons(handle)
             except Exception:
                 row["clock_event_reasons"] = None

@@ -37,8 +37,17 @@ FIGURES = {
 }
 
 __all__ = [
-    "FIGURES", "backends_compared", "energy_per_token", "layout_style", "layouts_at_equal_gpus",
-    "pareto_front", "power_timeline", "prefill_decode", "prepare", "save", "stage_balance",
+    "FIGURES",
+    "backends_compared",
+    "energy_per_token",
+    "layout_style",
+    "layouts_at_equal_gpus",
+    "pareto_front",
+    "power_timeline",
+    "prefill_decode",
+    "prepare",
+    "save",
+    "stage_balance",
     "training",
 ]
 

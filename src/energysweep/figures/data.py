@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from energysweep.aggregate.bootstrap import bootstrap_ci
-from energysweep.phases import HEADLINE_PHASES, Phase
+from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS
 
 LAYOUT_KEYS = ["tp", "pp", "dp"]
@@ -66,7 +66,8 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     per = {
         "cpu_s": head["cpu_time_s"].astype(float) / head["_tokens"],
         "host_j": head["host_energy_j"].astype(float) / head["_tokens"]
-        if "host_energy_j" in head else pd.Series(np.nan, index=head.index),
+        if "host_energy_j" in head
+        else pd.Series(np.nan, index=head.index),
         "train_tps": (head["input_tokens"].astype(float) / head["duration_s"]).where(
             head["phase"] == Phase.TRAIN.value
         ),
@@ -93,9 +94,24 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         out[f"host_energy_per_output_token_j{suffix}"] = out[f"host_j{src}"].where(~train)
         if f"train_tokens_per_s{suffix}" not in summary:
             out[f"train_tokens_per_s{suffix}"] = out[f"train_tps{src}"].where(train)
-    return out.drop(columns=[c for c in out if c in {
-        "cpu_s", "cpu_s_lo", "cpu_s_hi", "host_j", "host_j_lo", "host_j_hi", "train_tps",
-        "train_tps_lo", "train_tps_hi"}])
+    return out.drop(
+        columns=[
+            c
+            for c in out
+            if c
+            in {
+                "cpu_s",
+                "cpu_s_lo",
+                "cpu_s_hi",
+                "host_j",
+                "host_j_lo",
+                "host_j_hi",
+                "train_tps",
+                "train_tps_lo",
+                "train_tps_hi",
+            }
+        ]
+    )
 
 
 def prepare(summary: pd.DataFrame, windows: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -158,17 +174,28 @@ class Quantity:
 _ENERGY_CHAIN = {
     "inference": [
         ("energy_per_output_token_j", "GPU energy per output token [J]", "GPU energy", True),
-        ("host_energy_per_output_token_j",
-         "host energy (RAPL, CPU package) per output token [J]", "host energy (RAPL)", True),
-        ("cpu_s_per_output_token", "CPU time per output token [s] — not energy", "CPU time",
-         False),
+        (
+            "host_energy_per_output_token_j",
+            "host energy (RAPL, CPU package) per output token [J]",
+            "host energy (RAPL)",
+            True,
+        ),
+        ("cpu_s_per_output_token", "CPU time per output token [s] — not energy", "CPU time", False),
     ],
     "training": [
         ("energy_per_train_token_j", "GPU energy per training token [J]", "GPU energy", True),
-        ("host_energy_per_train_token_j",
-         "host energy (RAPL, CPU package) per training token [J]", "host energy (RAPL)", True),
-        ("cpu_s_per_train_token", "CPU time per training token [s] — not energy", "CPU time",
-         False),
+        (
+            "host_energy_per_train_token_j",
+            "host energy (RAPL, CPU package) per training token [J]",
+            "host energy (RAPL)",
+            True,
+        ),
+        (
+            "cpu_s_per_train_token",
+            "CPU time per training token [s] — not energy",
+            "CPU time",
+            False,
+        ),
     ],
 }
 _THROUGHPUT = {
@@ -199,8 +226,9 @@ def energy_quantity(rows: pd.DataFrame, scenario: str) -> Quantity | None:
         if column in rows and rows[column].notna().any():
             note = None
             if i > 0:
-                note = (f"GPU energy not measured ({_why_no_gpu_energy(rows)}): "
-                        f"showing {what}" + ("" if is_energy else ", which is not energy"))
+                note = f"GPU energy not measured ({_why_no_gpu_energy(rows)}): showing {what}" + (
+                    "" if is_energy else ", which is not energy"
+                )
             return Quantity(column, label, what, is_energy, _ci_cols(rows, column), note)
     return None
 

@@ -24,8 +24,7 @@ def new_figure(nrows: int, ncols: int, width: float = 5.0, height: float = 3.8):
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
-def scenario_panels(s: pd.DataFrame, scenario: str, empty_note: str, width: float,
-                    height: float):
+def scenario_panels(s: pd.DataFrame, scenario: str, empty_note: str, width: float, height: float):
     """The points of ``scenario`` and a figure of two panels for them: (rows, fig, axes).
 
     Without such points both panels hold only ``empty_note`` (the caller returns the figure).
@@ -47,13 +46,34 @@ def note(ax: Axes, text: str, where: str = "top") -> None:
         # title lifted over however many lines that makes.
         width_in = ax.get_position().width * ax.figure.get_figwidth()
         lines = textwrap.wrap(text, max(int(width_in * 17), 30))
-        ax.text(0.5, 1.01, "\n".join(lines), transform=ax.transAxes, ha="center", va="bottom",
-                fontsize=7.5, gid=NOTE_GID, bbox=bbox, zorder=10)
+        ax.text(
+            0.5,
+            1.01,
+            "\n".join(lines),
+            transform=ax.transAxes,
+            ha="center",
+            va="bottom",
+            fontsize=7.5,
+            gid=NOTE_GID,
+            bbox=bbox,
+            zorder=10,
+        )
         ax.set_title(ax.get_title(), fontsize=10, pad=12 + 10 * len(lines))
         return
     y, va = (0.02, "bottom") if where == "bottom" else (0.5, "center")
-    ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va=va, fontsize=7.5, wrap=True,
-            gid=NOTE_GID, bbox=bbox, zorder=10)
+    ax.text(
+        0.5,
+        y,
+        text,
+        transform=ax.transAxes,
+        ha="center",
+        va=va,
+        fontsize=7.5,
+        wrap=True,
+        gid=NOTE_GID,
+        bbox=bbox,
+        zorder=10,
+    )
 
 
 def only_note(ax: Axes, text: str) -> None:
@@ -72,8 +92,9 @@ def figure_note(fig: Figure, text: str) -> None:
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=7.5, gid=NOTE_GID, wrap=True)
 
 
-def series(ax: Axes, rows: pd.DataFrame, x: str, q: Quantity, style: Style,
-           label: str) -> tuple[Line2D, str] | None:
+def series(
+    ax: Axes, rows: pd.DataFrame, x: str, q: Quantity, style: Style, label: str
+) -> tuple[Line2D, str] | None:
     """One line (sorted by ``x``) with CI bars where the quantity has them; valid points filled,
     invalid points hollow. Returns the legend entry (handle, label), or None if nothing drawn.
     """
@@ -93,12 +114,28 @@ def series(ax: Axes, rows: pd.DataFrame, x: str, q: Quantity, style: Style,
         ax.plot(xs, ys, label="_line", **line_kw)
     valid = rows["valid_point"].to_numpy(dtype=bool)
     if valid.any():
-        ax.plot(xs[valid], ys[valid], linestyle="none", marker=style.marker, color=style.color,
-                markersize=6, label="_valid")
+        ax.plot(
+            xs[valid],
+            ys[valid],
+            linestyle="none",
+            marker=style.marker,
+            color=style.color,
+            markersize=6,
+            label="_valid",
+        )
     if (~valid).any():
-        ax.plot(xs[~valid], ys[~valid], linestyle="none", marker=style.marker,
-                markerfacecolor="none", markeredgecolor=style.color, markeredgewidth=1.5,
-                markersize=7, label="_invalid", gid=INVALID_GID)
+        ax.plot(
+            xs[~valid],
+            ys[~valid],
+            linestyle="none",
+            marker=style.marker,
+            markerfacecolor="none",
+            markeredgecolor=style.color,
+            markeredgewidth=1.5,
+            markersize=7,
+            label="_invalid",
+            gid=INVALID_GID,
+        )
     return Line2D([], [], marker=style.marker, **line_kw), label
 
 
@@ -130,8 +167,14 @@ def legend(ax: Axes, entries: list, any_invalid: bool, **kw) -> None:
     entry when a point is invalid."""
     entries = [e for e in entries if e is not None]
     if any_invalid:
-        entries.append((Line2D([], [], marker="o", color="#555555", markerfacecolor="none",
-                               linestyle="none"), INVALID_LABEL))
+        entries.append(
+            (
+                Line2D(
+                    [], [], marker="o", color="#555555", markerfacecolor="none", linestyle="none"
+                ),
+                INVALID_LABEL,
+            )
+        )
     if entries:
         ax.legend([h for h, _ in entries], [lab for _, lab in entries], fontsize=7, **kw)
 

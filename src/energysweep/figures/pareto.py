@@ -29,6 +29,46 @@ def pareto_mask(throughput, cost) -> np.ndarray:
     return front
 
 
+def _point(ax, x, y, xerr, yerr, style, on_front: bool, valid: bool, rank: int, text: str):
+    """One point of the front figure: its CI bars, its marker and its label."""
+    if xerr is not None or yerr is not None:
+        ax.errorbar(
+            [x],
+            [y],
+            xerr=xerr,
+            yerr=yerr,
+            color=style.color,
+            alpha=0.45,
+            linestyle="none",
+            elinewidth=0.9,
+            capsize=2,
+            label="_ci",
+        )
+    ax.plot(
+        [x],
+        [y],
+        linestyle="none",
+        marker=style.marker,
+        color=style.color,
+        markersize=9 if on_front else 6,
+        markerfacecolor=style.color if valid else "none",
+        markeredgecolor="black" if on_front else style.color,
+        markeredgewidth=1.4,
+        label="_point",
+        gid=draw.INVALID_GID if not valid else None,
+    )
+    # Front labels alternate below/above their points so neighbours on the front do not overlap.
+    ax.annotate(
+        text,
+        (x, y),
+        textcoords="offset points",
+        xytext=(5, 4) if not on_front else (-6, -11 if rank % 2 == 0 else 7),
+        ha="left" if not on_front else "right",
+        fontsize=6.5,
+        fontweight="bold" if on_front else "normal",
+    )
+
+
 def _panel(ax, rows: pd.DataFrame, scenario: str) -> None:
     q, t = energy_quantity(rows, scenario), throughput_quantity(rows, scenario)
     ax.set_title(f"{scenario.capitalize()}: energy–throughput front", fontsize=10)
@@ -46,7 +86,6 @@ def _panel(ax, rows: pd.DataFrame, scenario: str) -> None:
     xs, ys = pts[t.column].to_numpy(float), pts[q.column].to_numpy(float)
     tci, qci = t.ci_of(pts), q.ci_of(pts)
     entries = {}
-    # Front labels alternate below/above their points so neighbours on the front do not overlap.
     rank = {i: k for k, i in enumerate(np.flatnonzero(front)[np.argsort(xs[front])])}
     for i, r in pts.iterrows():
         style = layout_style(r["tp"], r["pp"], r["dp"], r["backend"])
@@ -56,34 +95,37 @@ def _panel(ax, rows: pd.DataFrame, scenario: str) -> None:
             xerr = [[max(xs[i] - tci[0][i], 0)], [max(tci[1][i] - xs[i], 0)]]
         if qci is not None and pd.notna(qci[0][i]):
             yerr = [[max(ys[i] - qci[0][i], 0)], [max(qci[1][i] - ys[i], 0)]]
-        if xerr is not None or yerr is not None:
-            ax.errorbar([xs[i]], [ys[i]], xerr=xerr, yerr=yerr, color=style.color, alpha=0.45,
-                        linestyle="none", elinewidth=0.9, capsize=2, label="_ci")
-        ax.plot([xs[i]], [ys[i]], linestyle="none", marker=style.marker, color=style.color,
-                markersize=9 if front[i] else 6,
-                markerfacecolor=style.color if valid[i] else "none",
-                markeredgecolor="black" if front[i] else style.color,
-                markeredgewidth=1.4, label="_point",
-                gid=draw.INVALID_GID if not valid[i] else None)
-        text = f"*{label} bs{int(r['batch_size'])}" if front[i] else f"bs{int(r['batch_size'])}"
-        ax.annotate(text, (xs[i], ys[i]),
-                    textcoords="offset points",
-                    xytext=(5, 4) if not front[i] else (-6, -11 if rank[i] % 2 == 0 else 7),
-                    ha="left" if not front[i] else "right", fontsize=6.5,
-                    fontweight="bold" if front[i] else "normal")
-        entries.setdefault(label, (Line2D([], [], marker=style.marker, color=style.color,
-                                          linestyle=style.linestyle), label))
+        on_front = bool(front[i])
+        text = f"*{label} bs{int(r['batch_size'])}" if on_front else f"bs{int(r['batch_size'])}"
+        _point(ax, xs[i], ys[i], xerr, yerr, style, on_front, bool(valid[i]), rank.get(i, 0), text)
+        entries.setdefault(
+            label,
+            (
+                Line2D([], [], marker=style.marker, color=style.color, linestyle=style.linestyle),
+                label,
+            ),
+        )
     order = np.argsort(xs[front])
-    ax.step(xs[front][order], ys[front][order], where="post", color="black", linewidth=1.2,
-            alpha=0.7, gid=FRONT_GID, label="_front")
+    ax.step(
+        xs[front][order],
+        ys[front][order],
+        where="post",
+        color="black",
+        linewidth=1.2,
+        alpha=0.7,
+        gid=FRONT_GID,
+        label="_front",
+    )
     ax.set_xlabel(t.label)
     ax.set_ylabel(q.label, fontsize=8.5)
     draw.log_y_if_spread(ax, ys)
     if len(xs) and np.nanmax(xs) / max(np.nanmin(xs), 1e-12) >= 20:
         ax.set_xscale("log")
     ax.grid(alpha=0.3)
-    front_entry = (Line2D([], [], color="black", marker="o", markerfacecolor="white",
-                          markeredgecolor="black"), f"Pareto front ({int(front.sum())} points, *)")
+    front_entry = (
+        Line2D([], [], color="black", marker="o", markerfacecolor="white", markeredgecolor="black"),
+        f"Pareto front ({int(front.sum())} points, *)",
+    )
     draw.legend(ax, [*entries.values(), front_entry], bool((~valid).any()), loc="best")
     if q.note:
         draw.note(ax, q.note, where="top")
@@ -104,13 +146,24 @@ def pareto_front(s: pd.DataFrame) -> Figure:
         return fig
     for ax, scenario in zip(axes[0], scenarios, strict=True):
         _panel(ax, s[s["scenario"].eq(scenario)], scenario)
-    fig.text(0.01, 0.005, "lower-right is better: fewer joules (or CPU seconds) per token at "
-             "more tokens/s; " + draw.CI_TEXT, fontsize=7, ha="left", va="bottom")
+    fig.text(
+        0.01,
+        0.005,
+        "lower-right is better: fewer joules (or CPU seconds) per token at "
+        "more tokens/s; " + draw.CI_TEXT,
+        fontsize=7,
+        ha="left",
+        va="bottom",
+    )
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig
 
 
 def front_points(fig: Figure) -> int:
     """Points on the drawn front(s) of a :func:`pareto_front` figure."""
-    return sum(len(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()
-               if line.get_gid() == FRONT_GID)
+    return sum(
+        len(line.get_xdata())
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_gid() == FRONT_GID
+    )

@@ -24,8 +24,21 @@ from energysweep.figures import (
 from energysweep.tables.power import FILENAME as POWER_FILE
 
 ENERGY_COLUMNS = [
-    "job_id", "model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "repetition",
-    "phase", "status", "window_start_ns", "window_end_ns", "output_tokens", "input_tokens",
+    "job_id",
+    "model",
+    "backend",
+    "scenario",
+    "tp",
+    "pp",
+    "dp",
+    "batch_size",
+    "repetition",
+    "phase",
+    "status",
+    "window_start_ns",
+    "window_end_ns",
+    "output_tokens",
+    "input_tokens",
 ]
 
 
@@ -38,20 +51,33 @@ def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None
     """
     if energy is not None and len(energy):
         shown = timeline.job_order(timeline.job_windows(energy)).head(timeline.MAX_JOBS)
-        dirs = {f"model~{r.model}/backend~{r.backend}/scenario~{r.scenario}/tp~{r.tp}/"
-                f"pp~{r.pp}/dp~{r.dp}" for r in shown.itertuples()}
-        job_records = [j for j in job_records
-                       if any(Path(j).parent.as_posix().endswith(d) for d in dirs)]
-    frames = [pd.read_parquet(Path(j).parent / POWER_FILE) for j in job_records
-              if (Path(j).parent / POWER_FILE).is_file()]
+        dirs = {
+            f"model~{r.model}/backend~{r.backend}/scenario~{r.scenario}/tp~{r.tp}/"
+            f"pp~{r.pp}/dp~{r.dp}"
+            for r in shown.itertuples()
+        }
+        job_records = [
+            j for j in job_records if any(Path(j).parent.as_posix().endswith(d) for d in dirs)
+        ]
+    frames = [
+        pd.read_parquet(Path(j).parent / POWER_FILE)
+        for j in job_records
+        if (Path(j).parent / POWER_FILE).is_file()
+    ]
     frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["job_id", "gpu_uuid", "time_ns", "power_mw", "status", "detail"])
+    return (
+        pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame(columns=["job_id", "gpu_uuid", "time_ns", "power_mw", "status", "detail"])
+    )
 
 
 def draw_all(
-    summary_csv: str | Path, energy_dir: str | Path, job_records: list[str | Path],
-    outputs: dict[str, str | Path], stages_csv: str | Path | None = None,
+    summary_csv: str | Path,
+    energy_dir: str | Path,
+    job_records: list[str | Path],
+    outputs: dict[str, str | Path],
+    stages_csv: str | Path | None = None,
 ) -> dict[str, Path]:
     """Draw every figure of :data:`FIGURES` named in ``outputs`` (stem -> PNG path).
 

@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # figures are files; never open a display (CI, Slurm node
 
 from matplotlib import colormaps  # noqa: E402
 
-from energysweep.phases import Phase  # noqa: E402
+from energysweep.tables.phases import Phase  # noqa: E402
 
 # Which degrees are > 1 -> (colormap, marker). The empty key is the unparallelized layout.
 _FAMILIES = {
@@ -32,7 +32,9 @@ _FAMILIES = {
 }
 BACKEND_LINESTYLES = {"pytorch": "-", "vllm": "--", "tensorrt-llm": ":"}
 PHASE_COLOURS = {
-    Phase.GENERATE.value: "#4c72b0", Phase.PREFILL.value: "#dd8452", Phase.TRAIN.value: "#55a868",
+    Phase.GENERATE.value: "#4c72b0",
+    Phase.PREFILL.value: "#dd8452",
+    Phase.TRAIN.value: "#55a868",
 }
 INVALID_LABEL = "invalid point (hollow; see invalid_reasons)"
 
@@ -47,8 +49,14 @@ class Style:
 
     def line(self, label: str | None = None) -> dict:
         """Keyword arguments for ``Axes.plot`` / ``Axes.errorbar`` lines."""
-        return {"color": self.color, "marker": self.marker, "linestyle": self.linestyle,
-                "label": label, "markersize": 6, "linewidth": 1.5}
+        return {
+            "color": self.color,
+            "marker": self.marker,
+            "linestyle": self.linestyle,
+            "label": label,
+            "markersize": 6,
+            "linewidth": 1.5,
+        }
 
 
 def layout_name(tp: int, pp: int, dp: int) -> str:

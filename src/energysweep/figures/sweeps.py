@@ -25,8 +25,16 @@ def _lines(ax, rows: pd.DataFrame, x: str, q: Quantity, label_of) -> list:
     return entries
 
 
-def _panel(ax, rows: pd.DataFrame, x: str, q: Quantity | None, title: str, xlabel: str,
-           label_of, empty: str) -> None:
+def _panel(
+    ax,
+    rows: pd.DataFrame,
+    x: str,
+    q: Quantity | None,
+    title: str,
+    xlabel: str,
+    label_of,
+    empty: str,
+) -> None:
     """Draw ``q`` against ``x``; a note instead where nothing of it was measured."""
     if q is not None and q.note:
         title = f"{title}: {q.what} shown"
@@ -52,8 +60,14 @@ def _panel(ax, rows: pd.DataFrame, x: str, q: Quantity | None, title: str, xlabe
 def _ci_caption(fig: Figure, q: Quantity | None, t: Quantity | None) -> None:
     with_ci = [x.what for x in (q, t) if x is not None and x.ci is not None]
     if with_ci:
-        fig.text(0.01, 0.005, draw.CI_TEXT + "; filled marker = valid point", fontsize=7,
-                 ha="left", va="bottom")
+        fig.text(
+            0.01,
+            0.005,
+            draw.CI_TEXT + "; filled marker = valid point",
+            fontsize=7,
+            ha="left",
+            va="bottom",
+        )
 
 
 def energy_per_token(s: pd.DataFrame) -> Figure:
@@ -73,10 +87,26 @@ def energy_per_token(s: pd.DataFrame) -> Figure:
     def label(r):
         return draw.series_label(r, rows)
 
-    _panel(axes[0, 0], rows, "batch_size", q, "Energy per output token", BATCH_LABEL, label,
-           "nothing per token measured (no energy, no CPU time)")
-    _panel(axes[0, 1], rows, "batch_size", t, "Throughput", BATCH_LABEL, label,
-           "no throughput measured (every point failed)")
+    _panel(
+        axes[0, 0],
+        rows,
+        "batch_size",
+        q,
+        "Energy per output token",
+        BATCH_LABEL,
+        label,
+        "nothing per token measured (no energy, no CPU time)",
+    )
+    _panel(
+        axes[0, 1],
+        rows,
+        "batch_size",
+        t,
+        "Throughput",
+        BATCH_LABEL,
+        label,
+        "no throughput measured (every point failed)",
+    )
     _ci_caption(fig, q, t)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig
@@ -97,8 +127,10 @@ def layouts_at_equal_gpus(s: pd.DataFrame) -> Figure:
                 groups.append((backend, int(world), g))
     if not groups:
         fig, axes = draw.new_figure(1, 1)
-        draw.only_note(axes[0, 0], "no GPU count with two or more layouts in this sweep "
-                       "(nothing to compare side by side)")
+        draw.only_note(
+            axes[0, 0],
+            "no GPU count with two or more layouts in this sweep (nothing to compare side by side)",
+        )
         return fig
     fig, axes = draw.new_figure(2, len(groups), width=5.0, height=3.9)
     for i, (backend, world, g) in enumerate(groups):
@@ -108,10 +140,26 @@ def layouts_at_equal_gpus(s: pd.DataFrame) -> Figure:
             return draw.series_label(r, g, with_backend=False)
 
         title = f"{backend}: {world} GPU{'s' if world > 1 else ''} per job"
-        _panel(axes[0, i], g, "global_batch", q, title, GLOBAL_BATCH_LABEL, label,
-               "nothing per token measured")
-        _panel(axes[1, i], g, "global_batch", t, f"{title} — throughput", GLOBAL_BATCH_LABEL,
-               label, "no throughput measured")
+        _panel(
+            axes[0, i],
+            g,
+            "global_batch",
+            q,
+            title,
+            GLOBAL_BATCH_LABEL,
+            label,
+            "nothing per token measured",
+        )
+        _panel(
+            axes[1, i],
+            g,
+            "global_batch",
+            t,
+            f"{title} — throughput",
+            GLOBAL_BATCH_LABEL,
+            label,
+            "no throughput measured",
+        )
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     _ci_caption(fig, q, t)
     return fig
@@ -132,8 +180,11 @@ def backends_compared(s: pd.DataFrame) -> Figure:
     if not shared:
         backends = ", ".join(sorted(set(rows["backend"]))) if len(rows) else "none"
         fig, axes = draw.new_figure(1, 1)
-        draw.only_note(axes[0, 0], "no layout was run by two or more backends in this sweep "
-                       f"(backends with inference points: {backends}); nothing to compare")
+        draw.only_note(
+            axes[0, 0],
+            "no layout was run by two or more backends in this sweep "
+            f"(backends with inference points: {backends}); nothing to compare",
+        )
         return fig
     fig, axes = draw.new_figure(2, len(shared), width=4.6, height=3.9)
     for i, ((model, tp, pp, dp), g) in enumerate(shared):
@@ -143,10 +194,19 @@ def backends_compared(s: pd.DataFrame) -> Figure:
             return str(r["backend"])
 
         title = layout_name(tp, pp, dp) + (f" ({model})" if rows["model"].nunique() > 1 else "")
-        _panel(axes[0, i], g, "batch_size", q, title, BATCH_LABEL, label,
-               "nothing per token measured")
-        _panel(axes[1, i], g, "batch_size", t, f"{title} — throughput", BATCH_LABEL, label,
-               "no throughput measured")
+        _panel(
+            axes[0, i], g, "batch_size", q, title, BATCH_LABEL, label, "nothing per token measured"
+        )
+        _panel(
+            axes[1, i],
+            g,
+            "batch_size",
+            t,
+            f"{title} — throughput",
+            BATCH_LABEL,
+            label,
+            "no throughput measured",
+        )
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     _ci_caption(fig, q, t)
     return fig
@@ -155,8 +215,12 @@ def backends_compared(s: pd.DataFrame) -> Figure:
 def training(s: pd.DataFrame) -> Figure:
     """Question 8: training energy per training token and tokens/s vs global batch per layout."""
     rows, fig, axes = draw.scenario_panels(
-        s, "training", "no training points in this sweep (scenarios has no training)",
-        width=5.6, height=4.4)
+        s,
+        "training",
+        "no training points in this sweep (scenarios has no training)",
+        width=5.6,
+        height=4.4,
+    )
     if rows.empty:
         return fig
     q, t = energy_quantity(rows, "training"), throughput_quantity(rows, "training")
@@ -164,10 +228,26 @@ def training(s: pd.DataFrame) -> Figure:
     def label(r):
         return draw.series_label(r, rows)
 
-    _panel(axes[0, 0], rows, "global_batch", q, "Training: energy per training token",
-           TRAIN_BATCH_LABEL, label, "nothing per training token measured")
-    _panel(axes[0, 1], rows, "global_batch", t, "Training throughput", TRAIN_BATCH_LABEL,
-           label, "no training throughput measured (every point failed)")
+    _panel(
+        axes[0, 0],
+        rows,
+        "global_batch",
+        q,
+        "Training: energy per training token",
+        TRAIN_BATCH_LABEL,
+        label,
+        "nothing per training token measured",
+    )
+    _panel(
+        axes[0, 1],
+        rows,
+        "global_batch",
+        t,
+        "Training throughput",
+        TRAIN_BATCH_LABEL,
+        label,
+        "no training throughput measured (every point failed)",
+    )
     _ci_caption(fig, q, t)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig

@@ -11,7 +11,7 @@ from matplotlib.patches import Patch
 
 import energysweep.figures.draw as draw
 from energysweep.figures.style import PHASE_COLOURS, layout_name
-from energysweep.phases import Phase
+from energysweep.tables.phases import Phase
 
 MAX_JOBS = 12  # one figure stays readable; every sample is in the jobs' power.parquet files
 WINDOW_KEYS = ["job_id", "batch_size", "repetition", "phase"]
@@ -25,11 +25,17 @@ def job_windows(energy: pd.DataFrame) -> pd.DataFrame:
     """
     ok = energy[energy["window_start_ns"].notna() & energy["window_end_ns"].notna()]
     keys = ["model", "backend", "scenario", "tp", "pp", "dp", *WINDOW_KEYS]
-    w = ok.groupby(keys, sort=True, dropna=False).agg(
-        start_ns=("window_start_ns", "min"), end_ns=("window_end_ns", "max"),
-        output_tokens=("output_tokens", "first"), input_tokens=("input_tokens", "first"),
-        status=("status", "first"),
-    ).reset_index()
+    w = (
+        ok.groupby(keys, sort=True, dropna=False)
+        .agg(
+            start_ns=("window_start_ns", "min"),
+            end_ns=("window_end_ns", "max"),
+            output_tokens=("output_tokens", "first"),
+            input_tokens=("input_tokens", "first"),
+            status=("status", "first"),
+        )
+        .reset_index()
+    )
     return w
 
 
@@ -37,10 +43,15 @@ def job_order(wins: pd.DataFrame) -> pd.DataFrame:
     """One row per job (its keys), in reading order: scenario, backend, model, tp, pp, dp —
     not by the jobs' random ids. The timeline draws the first :data:`MAX_JOBS`."""
     keys = ["job_id", "model", "backend", "scenario", "tp", "pp", "dp"]
-    return wins[keys].drop_duplicates("job_id").sort_values(
-        ["scenario", "backend", "model", "tp", "pp", "dp"],
-        key=lambda c: c.astype(int) if c.name in ("tp", "pp", "dp") else c,
-    ).reset_index(drop=True)
+    return (
+        wins[keys]
+        .drop_duplicates("job_id")
+        .sort_values(
+            ["scenario", "backend", "model", "tp", "pp", "dp"],
+            key=lambda c: c.astype(int) if c.name in ("tp", "pp", "dp") else c,
+        )
+        .reset_index(drop=True)
+    )
 
 
 def _window_rate(w: pd.DataFrame) -> pd.Series:
@@ -69,25 +80,35 @@ def power_timeline(power: pd.DataFrame, energy: pd.DataFrame) -> Figure:
     ncols = 2 if len(shown) > 1 else 1
     nrows = math.ceil(len(shown) / ncols)
     fig, axes = draw.new_figure(nrows, ncols, width=6.4, height=2.9)
-    for ax in axes.flat[len(shown):]:
+    for ax in axes.flat[len(shown) :]:
         ax.set_visible(False)
     unsampled: dict[str, str] = {}  # job -> why it has no power samples
     for ax, job in zip(axes.flat, shown, strict=False):
-        why = _job_panel(ax, job, power[power["job_id"] == job] if len(power) else power,
-                         wins[wins["job_id"] == job])
+        why = _job_panel(
+            ax,
+            job,
+            power[power["job_id"] == job] if len(power) else power,
+            wins[wins["job_id"] == job],
+        )
         if why is not None:
             unsampled[job] = why
-    handles = [Patch(facecolor=c, alpha=0.25, edgecolor=c, label=f"{p} window")
-               for p, c in PHASE_COLOURS.items()]
+    handles = [
+        Patch(facecolor=c, alpha=0.25, edgecolor=c, label=f"{p} window")
+        for p, c in PHASE_COLOURS.items()
+    ]
     fig.legend(handles=handles, loc="upper right", fontsize=7, ncols=3)
     footer = []
     if unsampled:
         reasons = "; ".join(sorted(set(unsampled.values())))[:120]
-        footer.append(f"no power samples in {len(unsampled)} of {len(shown)} jobs ({reasons}): "
-                      "their panels show each window's token rate, not power")
+        footer.append(
+            f"no power samples in {len(unsampled)} of {len(shown)} jobs ({reasons}): "
+            "their panels show each window's token rate, not power"
+        )
     if len(jobs) > len(shown):
-        footer.append(f"{len(shown)} of {len(jobs)} jobs shown; every job's samples are in its "
-                      "power.parquet next to job.json")
+        footer.append(
+            f"{len(shown)} of {len(jobs)} jobs shown; every job's samples are in its "
+            "power.parquet next to job.json"
+        )
     if footer:
         draw.figure_note(fig, "\n".join(footer))
     fig.tight_layout(rect=(0, 0.03 if footer else 0, 1, 0.97))
@@ -115,12 +136,24 @@ def _job_panel(ax, job: str, p: pd.DataFrame, w: pd.DataFrame) -> str | None:
         ax.axvline(a, color=colour, linewidth=0.6, alpha=0.8)
         ax.axvline(b, color=colour, linewidth=0.6, alpha=0.8, linestyle=":")
         if r["phase"] != Phase.PREFILL.value:  # one label per repetition: its generate/train window
-            ax.text(a, 1.0, f"bs{int(r['batch_size'])}", transform=ax.get_xaxis_transform(),
-                    fontsize=6, va="bottom", ha="left", color="#333333")
+            ax.text(
+                a,
+                1.0,
+                f"bs{int(r['batch_size'])}",
+                transform=ax.get_xaxis_transform(),
+                fontsize=6,
+                va="bottom",
+                ha="left",
+                color="#333333",
+            )
     if len(samples):
         for uuid, g in samples.sort_values("time_ns").groupby("gpu_uuid", sort=True):
-            ax.plot((g["time_ns"] - t0) / 1e9, g["power_mw"] / 1e3, linewidth=1,
-                    label=f"GPU {str(uuid)[-8:]}")
+            ax.plot(
+                (g["time_ns"] - t0) / 1e9,
+                g["power_mw"] / 1e3,
+                linewidth=1,
+                label=f"GPU {str(uuid)[-8:]}",
+            )
         ax.set_ylabel("GPU power [W]", fontsize=8)
         ax.legend(fontsize=6.5, loc="lower right")
         why = None
@@ -131,8 +164,14 @@ def _job_panel(ax, job: str, p: pd.DataFrame, w: pd.DataFrame) -> str | None:
         for (_, r), v in zip(w.iterrows(), rate, strict=True):
             if pd.notna(v):
                 a, b = (r["start_ns"] - t0) / 1e9, (r["end_ns"] - t0) / 1e9
-                ax.plot([a, b], [v, v], color=PHASE_COLOURS.get(r["phase"], "#999999"),
-                        linewidth=2.2, label="_rate", solid_capstyle="butt")
+                ax.plot(
+                    [a, b],
+                    [v, v],
+                    color=PHASE_COLOURS.get(r["phase"], "#999999"),
+                    linewidth=2.2,
+                    label="_rate",
+                    solid_capstyle="butt",
+                )
         ax.set_ylabel("tokens / s in the window", fontsize=8)
         if rate.notna().any() and np.nanmax(rate) / max(np.nanmin(rate), 1e-9) > 20:
             ax.set_yscale("log")

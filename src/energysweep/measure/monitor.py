@@ -66,7 +66,7 @@ class JobMonitor:
         self.env_end: list[dict] = []
 
     def _rank_snapshot(self, with_host: bool) -> dict:
-        from energysweep import envinfo
+        from energysweep.measure import provenance as envinfo
 
         out = {
             "rank": self.ctx.rank,
@@ -112,7 +112,7 @@ class JobMonitor:
             dist.barrier()
             return
         t0 = self.clock()
-        # Wall-clock bounds (job.json timing): energysweep.validity checks the idle power
+        # Wall-clock bounds (job.json timing): energysweep.validity.verdict checks the idle power
         # timeline between them for stability.
         self.idle_ns = [wall_ns(), None]
         self.energy.begin()

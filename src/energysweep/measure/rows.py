@@ -8,9 +8,9 @@ import sys
 
 from energysweep import dist
 from energysweep.energy import STATUS_NOT_MEASURED, STATUS_UNAVAILABLE, GpuReading
-from energysweep.phases import Phase
-from energysweep.placement import Placement
+from energysweep.job.placement import Placement
 from energysweep.tables import shards
+from energysweep.tables.phases import Phase
 
 
 def base_row(

@@ -13,7 +13,7 @@ import math
 
 from energysweep import dist
 from energysweep.energy import wall_ns
-from energysweep.phases import Phase
+from energysweep.tables.phases import Phase
 
 
 def measure_window(

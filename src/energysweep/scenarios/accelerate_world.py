@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from energysweep import dist
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 
 
 def accelerate_view(accelerator, rank: int) -> dict:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import traceback
 from abc import ABC, abstractmethod
 
-from energysweep import dist, faults
+from energysweep import dist
 from energysweep.energy import CpuTime
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
 from energysweep.measure.window import measure_window
-from energysweep.oom import is_oom
-from energysweep.phases import Phase
+from energysweep.tables.phases import Phase
+from energysweep.util import faults
+from energysweep.util.oom import is_oom
 
 
 def prompt_indices(iteration: int, batch_size: int, dp: int, dp_rank: int, n_prompts: int):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from energysweep.phases import Phase
 from energysweep.scenarios.base import Scenario, prompt_indices
+from energysweep.tables.phases import Phase
 
 # Batches pre-encoded per point: prompts cycle with period n_prompts / gcd(n_prompts, global
 # batch); a long window reuses them (encoding never happens inside a window).

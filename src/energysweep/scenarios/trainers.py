@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from energysweep import dist
-from energysweep.grid import ParallelLayout
+from energysweep.job.layout import ParallelLayout
 from energysweep.scenarios.base import prompt_indices
 from energysweep.scenarios.train_data import TokenDataset
 from energysweep.torchpp.load import checkpoint_key, load_rank_stage

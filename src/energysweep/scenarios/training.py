@@ -23,11 +23,11 @@ replicas).
 from __future__ import annotations
 
 from energysweep import dist
-from energysweep.phases import Phase
 from energysweep.scenarios.accelerate_world import audit_accelerator, make_accelerator
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.train_data import load_samples
 from energysweep.scenarios.trainers import make_trainer, uses_accelerate
+from energysweep.tables.phases import Phase
 
 OPTIMIZERS = ("adamw", "sgd")
 

@@ -56,5 +56,3 @@ def write_text_atomic(text: str, path: str | Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-

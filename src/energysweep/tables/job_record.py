@@ -24,7 +24,7 @@ def write_job_record(
     Args:
         spec: the job spec the ranks read.
         audits: every rank's process audit (``RankContext.audit``), in rank order.
-        environment: :func:`energysweep.envinfo.job_environment` of the job.
+        environment: :func:`energysweep.measure.provenance.job_environment` of the job.
         timing: rank 0's wall time, model load, idle baseline and window totals.
         job_table_rows: rows of the job table (None where the job writes none).
     """

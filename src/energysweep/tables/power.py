@@ -5,7 +5,7 @@ each GPU a rank measures, with NVML's power reading (mW), the cumulative energy 
 the clock event (throttle) reason bitmask at a wall-clock time in ns (lines up with the shards'
 window edges). Without a GPU, or with ``measurement.sampler_hz: 0``, it holds one row per rank
 with ``status`` saying why and null measurements. The sampling rate is in the file's metadata
-(``sampler_hz``). The re-check (energysweep.recheck) and the power timeline figure read it.
+(``sampler_hz``). The re-check (energysweep.validity.recheck) and the power timeline figure read it.
 """
 
 from __future__ import annotations
@@ -70,8 +70,7 @@ def load_power(paths: list[str | Path]) -> pd.DataFrame:
     """
     import pyarrow.parquet as pq
 
-    cols = ["job_id", "gpu_uuid", "time_ns", "power_mw", "energy_counter_mj",
-            "clock_event_reasons"]
+    cols = ["job_id", "gpu_uuid", "time_ns", "power_mw", "energy_counter_mj", "clock_event_reasons"]
     frames = []
     for p in paths:
         t = pq.read_table(p)

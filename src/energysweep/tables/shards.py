@@ -181,8 +181,10 @@ def read_shard(path: str | Path) -> pa.Table:
     # small files of a sweep, bench/merge_scaling.py).
     table = pq.ParquetFile(path).read(use_threads=False)
     if not table.schema.equals(SCHEMA, check_metadata=False):
-        raise ShardError(f"{path}: schema differs from energysweep.tables.shards.SCHEMA "
-                         f"v{SCHEMA_VERSION} ({schema_difference(table.schema)})")
+        raise ShardError(
+            f"{path}: schema differs from energysweep.tables.shards.SCHEMA "
+            f"v{SCHEMA_VERSION} ({schema_difference(table.schema)})"
+        )
     return table
 
 
@@ -195,9 +197,12 @@ def schema_difference(schema: pa.Schema) -> str:
         parts.append(f"missing columns {missing}")
     if extra := [n for n in theirs if n not in ours]:
         parts.append(f"extra columns {extra}")
-    changed = [f"{n}: {theirs[n].type} (nullable={theirs[n].nullable}), expected "
-               f"{ours[n].type} (nullable={ours[n].nullable})"
-               for n in ours if n in theirs and not theirs[n].equals(ours[n])]
+    changed = [
+        f"{n}: {theirs[n].type} (nullable={theirs[n].nullable}), expected "
+        f"{ours[n].type} (nullable={ours[n].nullable})"
+        for n in ours
+        if n in theirs and not theirs[n].equals(ours[n])
+    ]
     if changed:
         parts.append("changed " + "; ".join(changed))
     if not parts and schema.names != SCHEMA.names:

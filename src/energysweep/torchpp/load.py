@@ -155,7 +155,7 @@ def load_rank_stage(ctx, tp_mode: str, purpose: str = "run") -> tuple[nn.Module,
     """
     from transformers import AutoConfig
 
-    from energysweep.grid import ModelDims
+    from energysweep.job.layout import ModelDims
     from energysweep.torchpp.tp import apply_tensor_parallel
 
     layout, c = ctx.layout, ctx.coords

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from energysweep.grid import ModelDims, ParallelLayout
+from energysweep.job.layout import ModelDims, ParallelLayout
 from energysweep.torchpp.stage import decoder
 
 

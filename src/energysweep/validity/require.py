@@ -33,17 +33,24 @@ def resolve(require: str, device: str) -> str:
 def check_config(measurement: dict) -> list[str]:
     """Contradictions in the ``measurement`` section (config load time): problem texts."""
     if measurement.get("require_energy") == "gpu" and measurement.get("energy_source") == "none":
-        return ["config key measurement.require_energy is gpu but measurement.energy_source is "
-                "none: set energy_source to auto or nvml, or require_energy to auto or none"]
-    if measurement.get("require_energy") == "host" and \
-            measurement.get("host_energy_source") == "none":
-        return ["config key measurement.require_energy is host but "
-                "measurement.host_energy_source is none: set it to auto or rapl"]
+        return [
+            "config key measurement.require_energy is gpu but measurement.energy_source is "
+            "none: set energy_source to auto or nvml, or require_energy to auto or none"
+        ]
+    if (
+        measurement.get("require_energy") == "host"
+        and measurement.get("host_energy_source") == "none"
+    ):
+        return [
+            "config key measurement.require_energy is host but "
+            "measurement.host_energy_source is none: set it to auto or rapl"
+        ]
     return []
 
 
-def rank_problem(measurement: dict, device: str, gpu_uuids: list[str], local_rank: int,
-                 host_root=None) -> str | None:
+def rank_problem(
+    measurement: dict, device: str, gpu_uuids: list[str], local_rank: int, host_root=None
+) -> str | None:
     """Why this rank cannot read the required energy (None when it can or nothing is required).
 
     Reads each required source once (one window of zero length) and closes it.
@@ -87,8 +94,15 @@ def rank_problem(measurement: dict, device: str, gpu_uuids: list[str], local_ran
     return None
 
 
-def check_job(measurement: dict, device: str, gpu_uuids: list[str], local_rank: int, rank: int,
-              host: str, gather=None) -> None:
+def check_job(
+    measurement: dict,
+    device: str,
+    gpu_uuids: list[str],
+    local_rank: int,
+    rank: int,
+    host: str,
+    gather=None,
+) -> None:
     """Collective check on every rank; raises :class:`EnergyRequired` on all ranks if any fails.
 
     Args:

@@ -1,6 +1,6 @@
 """Where a job's processes go: one backend running one layout on nodes of a given size.
 
-:class:`Placement` is the one place that decides the launch mode (energysweep.backends.registry
+:class:`Placement` is the one place that decides the launch mode (energysweep.job.backends
 ``LAUNCH_MODES``), how many nodes a job spans, ranks and Slurm tasks per node, the per-node
 resource request, which processes a job consists of, and each process's coordinates. The grid,
 the rules, the launcher and the ranks' audit all read it instead of recomputing these facts.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from energysweep.backends.registry import BACKENDS
-from energysweep.grid import ParallelLayout, RankCoords
+from energysweep.job.backends import BACKENDS
+from energysweep.job.layout import ParallelLayout, RankCoords
 
 # Host RAM one rank needs beyond its GPU (tokenizer, loader, buffers): sbatch --mem per node is
 # this times the ranks on the node.

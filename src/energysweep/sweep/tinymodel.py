@@ -4,7 +4,7 @@ The result is an ordinary Hugging Face checkpoint directory (config.json, model.
 tokenizer files), so every backend loads it with `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` exactly as it would load a downloaded model.
 
-Usage: python -m energysweep.tinymodel OUT_DIR [--spec-json '{"num_hidden_layers": 2}']
+Usage: python -m energysweep.sweep.tinymodel OUT_DIR [--spec-json '{"num_hidden_layers": 2}']
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def build_tiny_model(out_dir: str | Path, spec: dict | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m energysweep.tinymodel",
+        prog="python -m energysweep.sweep.tinymodel",
         description="Build a tiny random Llama checkpoint (offline, deterministic).",
     )
     parser.add_argument("out_dir", help="checkpoint directory to create (replaced if present)")

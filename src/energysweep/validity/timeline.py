@@ -1,9 +1,10 @@
 """One GPU's power timeline in one job: the trapezoid integral and statistics over windows.
 
-The re-check (energysweep.recheck) integrates each GPU's sampled power (``power.parquet``) over
-each window, power linearly interpolated at the window edges, and reads the counter's observed
-update period, a counter that stopped moving, the clock event reasons and the power's spread
-from the same samples. Each window's status says whether the samples could answer.
+The re-check (energysweep.validity.recheck) integrates each GPU's sampled power
+(``power.parquet``) over each window, power linearly interpolated at the window edges, and
+reads the counter's observed update period, a counter that stopped moving, the clock event
+reasons and the power's spread from the same samples. Each window's status says whether the
+samples could answer.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def _slice_sum(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 class Timeline:
     """One GPU's samples in one job: integral and statistics over any set of intervals."""
 
-    def __init__(self, time_ns: np.ndarray, power_mw: np.ndarray, counter_mj: np.ndarray,
-                 reasons: np.ndarray):
+    def __init__(
+        self, time_ns: np.ndarray, power_mw: np.ndarray, counter_mj: np.ndarray, reasons: np.ndarray
+    ):
         """Arrays of one GPU's samples, sorted by time (nulls as NaN)."""
         p = power_mw / 1e3
         keep = ~np.isnan(p)
@@ -100,12 +102,15 @@ class Timeline:
         if simple.any():
             stuck[simple] = (self.counter[lo[simple]] == self.counter[hi[simple] - 1]).tolist()
         for i in np.flatnonzero((n_in >= 2) & ~all_counted):  # some samples lack the counter
-            c = self.counter[lo[i]:hi[i]][counted[lo[i]:hi[i]]]
+            c = self.counter[lo[i] : hi[i]][counted[lo[i] : hi[i]]]
             if len(c) >= 2:
                 stuck[i] = bool(c[-1] == c[0])
         out["clock_event_reasons"], out["counter_stuck"] = reasons, stuck
-        covered = (len(self.t) >= 2) & (start_ns >= (self.t_ns[0] if len(self.t) else 0)) & (
-            end_ns <= (self.t_ns[-1] if len(self.t) else -1))
+        covered = (
+            (len(self.t) >= 2)
+            & (start_ns >= (self.t_ns[0] if len(self.t) else 0))
+            & (end_ns <= (self.t_ns[-1] if len(self.t) else -1))
+        )
         ok = covered & (n_in >= 2)
         energy = np.full(m, np.nan)
         gap = np.full(m, np.nan)
@@ -124,14 +129,19 @@ class Timeline:
         status = np.where(ok, OK, np.where(covered, FEW_SAMPLES, NOT_COVERED)).astype(object)
         out["status"] = status
         out["detail"] = np.where(
-            ok, None, np.where(covered, [f"{k} power sample(s) inside the window" for k in n_in],
-                               "the power samples do not span the window")).astype(object)
+            ok,
+            None,
+            np.where(
+                covered,
+                [f"{k} power sample(s) inside the window" for k in n_in],
+                "the power samples do not span the window",
+            ),
+        ).astype(object)
         return out
 
     def window(self, start_ns: int, end_ns: int) -> dict:
         """:meth:`windows` of one interval."""
-        return {k: v[0] for k, v in self.windows(np.array([start_ns]),
-                                                 np.array([end_ns])).items()}
+        return {k: v[0] for k, v in self.windows(np.array([start_ns]), np.array([end_ns])).items()}
 
 
 def timelines(power: pd.DataFrame) -> dict:
@@ -144,13 +154,14 @@ def timelines(power: pd.DataFrame) -> dict:
     t_ns = power["time_ns"].to_numpy(dtype=np.int64)
     order = np.lexsort((t_ns, gpu[0], job[0]))
     key = (job[0] * len(gpu[1]) + gpu[0])[order]
-    cols = [t_ns[order]] + [power[c].to_numpy(dtype=float, na_value=np.nan)[order] for c in (
-        "power_mw", "energy_counter_mj", "clock_event_reasons")]
+    cols = [t_ns[order]] + [
+        power[c].to_numpy(dtype=float, na_value=np.nan)[order]
+        for c in ("power_mw", "energy_counter_mj", "clock_event_reasons")
+    ]
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     ends = np.r_[starts[1:], len(key)]
     out = {}
     for a, b in zip(starts, ends, strict=True):
         k = key[a]
-        out[(job[1][k // len(gpu[1])], gpu[1][k % len(gpu[1])])] = Timeline(
-            *(c[a:b] for c in cols))
+        out[(job[1][k // len(gpu[1])], gpu[1][k % len(gpu[1])])] = Timeline(*(c[a:b] for c in cols))
     return out

@@ -5,11 +5,12 @@ edges). The power timeline (``power.parquet``, written by energy/sampler.py at
 ``measurement.sampler_hz``) is a second, independent reading of the same GPUs: integrating each
 GPU's sampled power over the window (trapezoid rule, power linearly interpolated at the window
 edges) gives a second energy figure. Their ratio, per GPU and per window, is what this module
-records; the validity verdict (energysweep.validity) flags windows where they disagree.
+records; the validity verdict (energysweep.validity.verdict) flags windows where they disagree.
 
 It needs only published data, so a reviewer can recompute it::
 
-    python -m energysweep.recheck results/energy.parquet results/shards -o validation.parquet
+    python -m energysweep.validity.recheck results/energy.parquet results/shards \
+        -o validation.parquet
 
 (the merge rule writes the same table to ``results/validation.parquet``). The timeline also gives
 what the counter cannot: the counter's observed update period, a counter that stopped moving,
@@ -32,20 +33,35 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from energysweep.power_timeline import (
+from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, power_files, reason_names
+from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.validity.timeline import (
     NO_COUNTER,
     NO_TIMELINE,
     OK,
     timelines,
 )
-from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, power_files, reason_names
-from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 
 VALIDATION_COLUMNS = [
-    "scope", *WINDOW_KEYS, "gpu_uuid", "pp_rank", "window_start_ns", "window_end_ns",
-    "duration_s", "counter_energy_j", "timeline_energy_j", "timeline_counter_ratio",
-    "samples", "max_sample_gap_s", "power_std_w", "observed_counter_period_s",
-    "counter_stuck", "clock_event_reasons", "clock_event_reason_names", "status", "detail",
+    "scope",
+    *WINDOW_KEYS,
+    "gpu_uuid",
+    "pp_rank",
+    "window_start_ns",
+    "window_end_ns",
+    "duration_s",
+    "counter_energy_j",
+    "timeline_energy_j",
+    "timeline_counter_ratio",
+    "samples",
+    "max_sample_gap_s",
+    "power_std_w",
+    "observed_counter_period_s",
+    "counter_stuck",
+    "clock_event_reasons",
+    "clock_event_reason_names",
+    "status",
+    "detail",
 ]
 
 
@@ -55,23 +71,37 @@ def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
     for p in job_records:
         rec = json.loads(Path(p).read_text())
         timing = rec.get("timing") or {}
-        rows.append({"job_id": rec["job_id"], "idle_start_ns": timing.get("idle_start_ns"),
-                     "idle_end_ns": timing.get("idle_end_ns")})
+        rows.append(
+            {
+                "job_id": rec["job_id"],
+                "idle_start_ns": timing.get("idle_start_ns"),
+                "idle_end_ns": timing.get("idle_end_ns"),
+            }
+        )
     return pd.DataFrame(rows, columns=["job_id", "idle_start_ns", "idle_end_ns"])
 
 
 def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (window, GPU UUID): its counter energy (J); GPU-less windows keep one row."""
-    cols = [*WINDOW_KEYS, "status", "window_start_ns", "window_end_ns", "gpu_uuid",
-            "gpu_energy_mj", "gpu_energy_status", "pp_rank"]
+    cols = [
+        *WINDOW_KEYS,
+        "status",
+        "window_start_ns",
+        "window_end_ns",
+        "gpu_uuid",
+        "gpu_energy_mj",
+        "gpu_energy_status",
+        "pp_rank",
+    ]
     r = rows[cols].copy()
     r["_has_gpu"] = r["gpu_uuid"].notna()
     # A GPU counts once per window (two ranks may report it); GPU-less windows keep one row.
     r = r.sort_values([*WINDOW_KEYS, "gpu_uuid", "pp_rank"], na_position="last", kind="stable")
     with_gpu = r[r["_has_gpu"]].drop_duplicates([*WINDOW_KEYS, "gpu_uuid"])
     gpu_less = r[~r["_has_gpu"]].drop_duplicates(WINDOW_KEYS)
-    gpu_less = gpu_less.merge(with_gpu[WINDOW_KEYS].drop_duplicates(), on=WINDOW_KEYS,
-                              how="left", indicator=True)
+    gpu_less = gpu_less.merge(
+        with_gpu[WINDOW_KEYS].drop_duplicates(), on=WINDOW_KEYS, how="left", indicator=True
+    )
     gpu_less = gpu_less[gpu_less["_merge"] == "left_only"].drop(columns="_merge")
     out = pd.concat([with_gpu, gpu_less], ignore_index=True).drop(columns="_has_gpu")
     measured = out["gpu_energy_status"].isin(["measured", "short-window"]) & out["status"].eq("ok")
@@ -79,8 +109,9 @@ def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def recheck(rows: pd.DataFrame, power: pd.DataFrame,
-            idle: pd.DataFrame | None = None) -> pd.DataFrame:
+def recheck(
+    rows: pd.DataFrame, power: pd.DataFrame, idle: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The validation table: re-check rows per (window, GPU), per window, and per idle baseline.
 
     Args:
@@ -101,20 +132,29 @@ def recheck(rows: pd.DataFrame, power: pd.DataFrame,
     for c in ("gpu_uuid", "pp_rank", "window_start_ns", "window_end_ns", "counter_energy_j"):
         table[c] = gw[c]
     table["duration_s"] = (gw["window_end_ns"] - gw["window_start_ns"]) / 1e9
-    res = {"samples": np.zeros(n, dtype=np.int64), "timeline_energy_j": np.full(n, np.nan),
-           "max_sample_gap_s": np.full(n, np.nan), "power_std_w": np.full(n, np.nan),
-           "observed_counter_period_s": np.full(n, np.nan),
-           "counter_stuck": np.full(n, None, dtype=object),
-           "clock_event_reasons": np.full(n, None, dtype=object),
-           "status": np.full(n, NO_TIMELINE, dtype=object),
-           "detail": np.full(n, "no power samples of this GPU (measurement.sampler_hz 0?)",
-                             dtype=object)}
+    res = {
+        "samples": np.zeros(n, dtype=np.int64),
+        "timeline_energy_j": np.full(n, np.nan),
+        "max_sample_gap_s": np.full(n, np.nan),
+        "power_std_w": np.full(n, np.nan),
+        "observed_counter_period_s": np.full(n, np.nan),
+        "counter_stuck": np.full(n, None, dtype=object),
+        "clock_event_reasons": np.full(n, None, dtype=object),
+        "status": np.full(n, NO_TIMELINE, dtype=object),
+        "detail": np.full(
+            n, "no power samples of this GPU (measurement.sampler_hz 0?)", dtype=object
+        ),
+    }
     no_counter = (table["counter_energy_j"].isna() | table["duration_s"].isna()).to_numpy()
     res["status"][no_counter] = NO_COUNTER
     res["detail"][no_counter] = np.where(
-        gw["gpu_uuid"].isna(), "no GPU energy measured",
-        "window status " + gw["status"].astype(str) + ", GPU energy "
-        + gw["gpu_energy_status"].astype(str))[no_counter]
+        gw["gpu_uuid"].isna(),
+        "no GPU energy measured",
+        "window status "
+        + gw["status"].astype(str)
+        + ", GPU energy "
+        + gw["gpu_energy_status"].astype(str),
+    )[no_counter]
     start = gw["window_start_ns"].to_numpy(dtype=float, na_value=np.nan)
     end = gw["window_end_ns"].to_numpy(dtype=float, na_value=np.nan)
     rest = gw[~no_counter]
@@ -127,13 +167,13 @@ def recheck(rows: pd.DataFrame, power: pd.DataFrame,
             res[k][pos] = v
     for k, v in res.items():
         table[k] = v
-    table = table.reindex(columns=[c for c in VALIDATION_COLUMNS
-                                   if c != "timeline_counter_ratio"])
+    table = table.reindex(columns=[c for c in VALIDATION_COLUMNS if c != "timeline_counter_ratio"])
     table = pd.concat([table, _window_rows(table)], ignore_index=True)
     if idle is not None and len(idle) and len(rows):
         table = pd.concat([table, _idle_rows(rows, idle, tls)], ignore_index=True)
     table["timeline_counter_ratio"] = table["timeline_energy_j"] / table["counter_energy_j"].where(
-        table["counter_energy_j"] > 0)
+        table["counter_energy_j"] > 0
+    )
     table["clock_event_reason_names"] = [reason_names(m) for m in table["clock_event_reasons"]]
     return _typed(table[VALIDATION_COLUMNS])
 
@@ -142,25 +182,30 @@ def _window_rows(gpu_rows: pd.DataFrame) -> pd.DataFrame:
     """Per window the sums over its GPUs; the window's status is its worst GPU's."""
     if gpu_rows.empty:
         return gpu_rows.iloc[:0]
-    g = gpu_rows.assign(_bad=gpu_rows["status"].ne(OK),
-                        _stuck=gpu_rows["counter_stuck"].astype(float),
-                        _reasons=gpu_rows["clock_event_reasons"].astype(float),
-                        ).groupby(WINDOW_KEYS, sort=True, dropna=False)
+    g = gpu_rows.assign(
+        _bad=gpu_rows["status"].ne(OK),
+        _stuck=gpu_rows["counter_stuck"].astype(float),
+        _reasons=gpu_rows["clock_event_reasons"].astype(float),
+    ).groupby(WINDOW_KEYS, sort=True, dropna=False)
     size = g.size()
 
     def complete_sum(column: str) -> pd.Series:
         """The sum over the window's GPUs, null unless every GPU has a value."""
         return g[column].sum(min_count=1).where(g[column].count() == size)
 
-    out = pd.DataFrame({
-        "window_start_ns": g["window_start_ns"].first(),
-        "window_end_ns": g["window_end_ns"].first(), "duration_s": g["duration_s"].first(),
-        "counter_energy_j": complete_sum("counter_energy_j"),
-        "timeline_energy_j": complete_sum("timeline_energy_j").where(~g["_bad"].any()),
-        "samples": g["samples"].min(), "max_sample_gap_s": g["max_sample_gap_s"].max(),
-        "observed_counter_period_s": g["observed_counter_period_s"].max(),
-        "counter_stuck": g["_stuck"].max().map(lambda v: None if pd.isna(v) else bool(v)),
-    })
+    out = pd.DataFrame(
+        {
+            "window_start_ns": g["window_start_ns"].first(),
+            "window_end_ns": g["window_end_ns"].first(),
+            "duration_s": g["duration_s"].first(),
+            "counter_energy_j": complete_sum("counter_energy_j"),
+            "timeline_energy_j": complete_sum("timeline_energy_j").where(~g["_bad"].any()),
+            "samples": g["samples"].min(),
+            "max_sample_gap_s": g["max_sample_gap_s"].max(),
+            "observed_counter_period_s": g["observed_counter_period_s"].max(),
+            "counter_stuck": g["_stuck"].max().map(lambda v: None if pd.isna(v) else bool(v)),
+        }
+    )
     # OR over the window's GPUs, bit by bit (groupby max of each bit: no per-window Python).
     bits = gpu_rows["clock_event_reasons"].astype(float).fillna(0).astype(np.int64)
     known = g["_reasons"].count() > 0
@@ -169,11 +214,17 @@ def _window_rows(gpu_rows: pd.DataFrame) -> pd.DataFrame:
         ((bits // 2**b) % 2).groupby(by_window, sort=True, dropna=False).max() * 2**b
         for b in range(max(CLOCK_EVENT_REASONS.values()).bit_length())
     )
-    out["clock_event_reasons"] = [int(v) if k else None for v, k in zip(
-        ored.reindex(out.index), known, strict=True)]
+    out["clock_event_reasons"] = [
+        int(v) if k else None for v, k in zip(ored.reindex(out.index), known, strict=True)
+    ]
     bad = gpu_rows[gpu_rows["status"] != OK]
-    statuses = bad.groupby(WINDOW_KEYS, sort=True, dropna=False)["status"].agg(
-        lambda s: ",".join(sorted(set(s)))) if len(bad) else pd.Series(dtype=object)
+    statuses = (
+        bad.groupby(WINDOW_KEYS, sort=True, dropna=False)["status"].agg(
+            lambda s: ",".join(sorted(set(s)))
+        )
+        if len(bad)
+        else pd.Series(dtype=object)
+    )
     out["status"] = statuses.reindex(out.index).fillna(OK) if len(bad) else OK
     out["detail"] = None
     out["scope"] = "window"
@@ -190,12 +241,22 @@ def _idle_rows(rows: pd.DataFrame, idle: pd.DataFrame, timelines: dict) -> pd.Da
     for rec in r.to_dict("records"):
         start, end = rec["idle_start_ns"], rec["idle_end_ns"]
         base = {k: rec[k] for k in ("job_id", *POINT_KEYS)}
-        base.update(scope="idle", phase="idle", repetition=None, gpu_uuid=rec["gpu_uuid"],
-                    pp_rank=rec.get("pp_rank"), window_start_ns=start, window_end_ns=end,
-                    batch_size=None)
+        base.update(
+            scope="idle",
+            phase="idle",
+            repetition=None,
+            gpu_uuid=rec["gpu_uuid"],
+            pp_rank=rec.get("pp_rank"),
+            window_start_ns=start,
+            window_end_ns=end,
+            batch_size=None,
+        )
         if pd.isna(start) or pd.isna(end):
-            base.update(status=NO_COUNTER, detail="no idle baseline (idle_baseline_s 0, or no "
-                        "source could read it)", samples=0)
+            base.update(
+                status=NO_COUNTER,
+                detail="no idle baseline (idle_baseline_s 0, or no source could read it)",
+                samples=0,
+            )
             records.append(base)
             continue
         dur = (end - start) / 1e9
@@ -211,21 +272,57 @@ def _idle_rows(rows: pd.DataFrame, idle: pd.DataFrame, timelines: dict) -> pd.Da
 
 
 def _typed(table: pd.DataFrame) -> pd.DataFrame:
-    for c in ("window_start_ns", "window_end_ns", "clock_event_reasons", "tp", "pp", "dp",
-              "batch_size", "repetition", "pp_rank", "samples"):
+    for c in (
+        "window_start_ns",
+        "window_end_ns",
+        "clock_event_reasons",
+        "tp",
+        "pp",
+        "dp",
+        "batch_size",
+        "repetition",
+        "pp_rank",
+        "samples",
+    ):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("Int64")
-    for c in ("duration_s", "counter_energy_j", "timeline_energy_j", "timeline_counter_ratio",
-              "max_sample_gap_s", "power_std_w", "observed_counter_period_s"):
+    for c in (
+        "duration_s",
+        "counter_energy_j",
+        "timeline_energy_j",
+        "timeline_counter_ratio",
+        "max_sample_gap_s",
+        "power_std_w",
+        "observed_counter_period_s",
+    ):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype(float)
     table["counter_stuck"] = table["counter_stuck"].astype("boolean")
-    for c in ("scope", "job_id", "model", "backend", "scenario", "phase", "gpu_uuid", "status",
-              "detail", "clock_event_reason_names"):
+    for c in (
+        "scope",
+        "job_id",
+        "model",
+        "backend",
+        "scenario",
+        "phase",
+        "gpu_uuid",
+        "status",
+        "detail",
+        "clock_event_reason_names",
+    ):
         table[c] = table[c].astype(object).where(table[c].notna(), None)
     return table.reset_index(drop=True)
 
 
-ROW_COLUMNS = [*WINDOW_KEYS, "status", "window_start_ns", "window_end_ns", "gpu_uuid",
-               "gpu_energy_mj", "gpu_energy_status", "pp_rank", "idle_gpu_power_w"]
+ROW_COLUMNS = [
+    *WINDOW_KEYS,
+    "status",
+    "window_start_ns",
+    "window_end_ns",
+    "gpu_uuid",
+    "gpu_energy_mj",
+    "gpu_energy_status",
+    "pp_rank",
+    "idle_gpu_power_w",
+]
 
 
 def write(table: pd.DataFrame, path: str | Path) -> None:
@@ -240,8 +337,11 @@ def from_published(energy: str | Path, shards_dir: str | Path) -> pd.DataFrame:
     power.parquet and job.json files under ``shards_dir``."""
     import pyarrow.dataset as ds
 
-    rows = ds.dataset(str(energy), format="parquet", partitioning="hive").to_table(
-        columns=ROW_COLUMNS).to_pandas()
+    rows = (
+        ds.dataset(str(energy), format="parquet", partitioning="hive")
+        .to_table(columns=ROW_COLUMNS)
+        .to_pandas()
+    )
     for k in ("model", "backend"):  # hive partition columns come back as dictionaries
         rows[k] = rows[k].astype(str)
     idle = idle_bounds(sorted(Path(shards_dir).rglob("job.json")))
@@ -251,7 +351,8 @@ def from_published(energy: str | Path, shards_dir: str | Path) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Recompute the validation table (timeline vs counter energy per window) "
-                    "from the published energy dataset and the jobs' power timelines.")
+        "from the published energy dataset and the jobs' power timelines."
+    )
     parser.add_argument("energy", help="the energy dataset (results/energy.parquet)")
     parser.add_argument("shards", help="the jobs' directory (results/shards) with power.parquet")
     parser.add_argument("-o", "--output", required=True, help="validation Parquet to write")
@@ -262,8 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     ratio = windows["timeline_counter_ratio"].dropna()
     print(f"{len(windows)} windows; {len(ratio)} re-checked", file=sys.stderr)
     if len(ratio):
-        print(f"timeline/counter ratio: median {ratio.median():.4f}, "
-              f"min {ratio.min():.4f}, max {ratio.max():.4f}", file=sys.stderr)
+        print(
+            f"timeline/counter ratio: median {ratio.median():.4f}, "
+            f"min {ratio.min():.4f}, max {ratio.max():.4f}",
+            file=sys.stderr,
+        )
     for status, n in windows["status"].value_counts().items():
         print(f"  {status}: {n} windows", file=sys.stderr)
     return 0

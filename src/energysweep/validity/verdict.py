@@ -8,8 +8,8 @@ config section ``validity:`` (config/config.schema.yaml, README "Validity verdic
 default's source is cited).
 
 Inputs are the point summary (energysweep.aggregate.points.summarize), the merged shard rows,
-and the re-check table (energysweep.recheck: timeline vs counter per window, observed counter
-period, clock event reasons, idle stability).
+and the re-check table (energysweep.validity.recheck: timeline vs counter per window, observed
+counter period, clock event reasons, idle stability).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from energysweep import recheck as rc
-from energysweep import stages as st
-from energysweep.phases import HEADLINE_PHASES
 from energysweep.tables import power as tp
+from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.validity import recheck as rc
+from energysweep.validity import stages as st
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
 REASONS: dict[str, str] = {
@@ -42,18 +42,31 @@ REASONS: dict[str, str] = {
     "recheck_mismatch": "|timeline / counter - 1| > validity.max_recheck_deviation in a window",
 }
 # Checks that need GPU energy (listed as unchecked on points without it).
-GPU_CHECKS = ("partial_gpus", "counter_stuck", "ci_wide", "idle_unstable", "throttled",
-              "no_timeline", "recheck_mismatch")
+GPU_CHECKS = (
+    "partial_gpus",
+    "counter_stuck",
+    "ci_wide",
+    "idle_unstable",
+    "throttled",
+    "no_timeline",
+    "recheck_mismatch",
+)
 
 # Checks that need at least one ok window.
 WINDOW_CHECKS = ["window_short", "few_iterations", "steady_state_short", "batch_not_full"]
 
 DEFAULTS = {
-    "counter_period_s": 0.1, "min_counter_periods": 50, "min_iterations": 32,
-    "min_steady_state_s": 20, "min_ok_repetitions": 3, "max_ci_half_width": 0.05,
-    "max_idle_std_w": 5, "throttle_reasons": ["hw_slowdown", "sw_thermal", "hw_thermal",
-                                              "hw_power_brake"],
-    "max_recheck_deviation": 0.1, "min_batch_fill": 1.0, "require_timeline": True,
+    "counter_period_s": 0.1,
+    "min_counter_periods": 50,
+    "min_iterations": 32,
+    "min_steady_state_s": 20,
+    "min_ok_repetitions": 3,
+    "max_ci_half_width": 0.05,
+    "max_idle_std_w": 5,
+    "throttle_reasons": ["hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"],
+    "max_recheck_deviation": 0.1,
+    "min_batch_fill": 1.0,
+    "require_timeline": True,
 }
 
 # New summary columns -> status columns that explain a null in them (aggregate.nulls).
@@ -76,8 +89,9 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
 # Free text where empty means "nothing to report".
 INFO_COLUMNS = {"invalid_reasons", "validity_unchecked", "clock_event_reasons_seen"}
 
-ROW_COLUMNS = sorted(set(rc.ROW_COLUMNS) | set(st.ROW_COLUMNS) | {
-    "requests", "iterations", "gpu_name"})
+ROW_COLUMNS = sorted(
+    set(rc.ROW_COLUMNS) | set(st.ROW_COLUMNS) | {"requests", "iterations", "gpu_name"}
+)
 
 
 def settings(cfg: dict | None) -> dict:
@@ -91,8 +105,9 @@ def _throttle_mask(names) -> int:
 
 def _point_index(frame: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
     """Position of each frame row's point in ``summary`` (-1 where none)."""
-    keys = summary[POINT_KEYS].reset_index(drop=True).reset_index().rename(
-        columns={"index": "_pos"})
+    keys = (
+        summary[POINT_KEYS].reset_index(drop=True).reset_index().rename(columns={"index": "_pos"})
+    )
     merged = frame[POINT_KEYS].merge(keys, on=POINT_KEYS, how="left")
     return merged["_pos"].fillna(-1).to_numpy(dtype=np.int64)
 
@@ -109,14 +124,15 @@ def _per_point(frame: pd.DataFrame, summary: pd.DataFrame, column: str, how: str
     return out.reindex(range(len(summary))).to_numpy(dtype=float)
 
 
-def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame,
-             cfg: dict | None = None) -> pd.DataFrame:
+def annotate(
+    summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame, cfg: dict | None = None
+) -> pd.DataFrame:
     """``summary`` with the verdict, re-check, stage and ML.ENERGY-parity columns added.
 
     Args:
         summary: one row per point (energysweep.aggregate.points.summarize).
         rows: merged shard rows with at least :data:`ROW_COLUMNS`.
-        validation: the re-check table (energysweep.recheck.recheck).
+        validation: the re-check table (energysweep.validity.recheck.recheck).
         cfg: the config's ``validity:`` section (defaults for missing keys).
     """
     if summary.empty:
@@ -131,11 +147,13 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     # full batches after the warm-up iterations, so all of it is steady state (batch_fill
     # says whether the batches were full).
     s["steady_state_s"] = _per_point(
-        win.assign(_d=(win["window_end_ns"] - win["window_start_ns"]) / 1e9), s, "_d", "sum")
+        win.assign(_d=(win["window_end_ns"] - win["window_start_ns"]) / 1e9), s, "_d", "sum"
+    )
 
     gpu_status = s["gpu_energy_status"].astype(str)
-    has_energy = (gpu_status.str.contains("measured|short-window")
-                  & s["energy_per_iteration_j"].notna())
+    has_energy = (
+        gpu_status.str.contains("measured|short-window") & s["energy_per_iteration_j"].notna()
+    )
     checks = _recheck_columns(s, validation, win, has_energy, c)
     _idle_columns(s, rows, validation[validation["scope"] == "idle"], has_energy)
     s["ci_half_width_fraction"] = _ci_half_width_fraction(s)
@@ -147,13 +165,15 @@ def annotate(summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame
     s["gpu_count"] = layout_gpus
     names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
     model = names.groupby(POINT_KEYS)["gpu_name"].agg(lambda x: ",".join(sorted(set(x))))
-    s["gpu_model"] = s[POINT_KEYS].merge(model.reset_index(), on=POINT_KEYS, how="left")[
-        "gpu_name"].to_numpy()
+    s["gpu_model"] = (
+        s[POINT_KEYS].merge(model.reset_index(), on=POINT_KEYS, how="left")["gpu_name"].to_numpy()
+    )
     return s
 
 
-def _recheck_columns(s: pd.DataFrame, validation: pd.DataFrame, win: pd.DataFrame,
-                     has_energy: pd.Series, c: dict) -> dict:
+def _recheck_columns(
+    s: pd.DataFrame, validation: pd.DataFrame, win: pd.DataFrame, has_energy: pd.Series, c: dict
+) -> dict:
     """Adds the re-check columns to ``s`` (in place); returns what the verdict needs from them:
     the counter period, and per point whether a window was unchecked, stuck or throttled."""
     vw = validation[(validation["scope"] == "window") & validation["phase"].isin(HEADLINE_PHASES)]
@@ -170,55 +190,85 @@ def _recheck_columns(s: pd.DataFrame, validation: pd.DataFrame, win: pd.DataFram
     not_ok = vw.assign(_bad=(vw["status"] != rc.OK).astype(float))
     any_unchecked = _per_point(not_ok, s, "_bad", "any") > 0
     s["recheck_status"] = np.where(
-        ~has_energy, "not-applicable (no GPU energy)",
-        np.where(any_unchecked, "incomplete (a window could not be re-checked: "
-                 "validation.parquet says why)", "ok"))
-    stuck = (vg["counter_stuck"].fillna(False).astype(bool)
-             | ((vg["counter_energy_j"] == 0) & (vg["duration_s"] >= 2 * c["counter_period_s"])))
+        ~has_energy,
+        "not-applicable (no GPU energy)",
+        np.where(
+            any_unchecked,
+            "incomplete (a window could not be re-checked: validation.parquet says why)",
+            "ok",
+        ),
+    )
+    stuck = vg["counter_stuck"].fillna(False).astype(bool) | (
+        (vg["counter_energy_j"] == 0) & (vg["duration_s"] >= 2 * c["counter_period_s"])
+    )
     s_stuck = _per_point(vg.assign(_stuck=stuck.astype(float)), s, "_stuck", "any") > 0
     reasons_or = vg["clock_event_reasons"].astype("Float64").fillna(0).astype(np.int64)
     mask = _throttle_mask(c["throttle_reasons"])
-    throttled = _per_point(vg.assign(_t=((reasons_or & mask) != 0).astype(float)), s, "_t",
-                           "any") > 0
+    throttled = (
+        _per_point(vg.assign(_t=((reasons_or & mask) != 0).astype(float)), s, "_t", "any") > 0
+    )
     seen_pos = _point_index(vg, s)
     seen_mask = np.zeros(len(s), dtype=np.int64)
     keep = seen_pos >= 0
     np.bitwise_or.at(seen_mask, seen_pos[keep], reasons_or.to_numpy()[keep])
     s["clock_event_reasons_seen"] = [tp.reason_names(m) or None for m in seen_mask]
-    return {"period": period, "any_unchecked": any_unchecked, "s_stuck": s_stuck,
-            "throttled": throttled}
+    return {
+        "period": period,
+        "any_unchecked": any_unchecked,
+        "s_stuck": s_stuck,
+        "throttled": throttled,
+    }
 
 
-def _idle_columns(s: pd.DataFrame, rows: pd.DataFrame, vi: pd.DataFrame,
-                  has_energy: pd.Series) -> None:
+def _idle_columns(
+    s: pd.DataFrame, rows: pd.DataFrame, vi: pd.DataFrame, has_energy: pd.Series
+) -> None:
     """Adds idle stability to ``s``: GPUs of the point's job(s), over the job's idle baseline."""
     jobs = rows[["job_id", *POINT_KEYS]].drop_duplicates()
-    idle = vi[["job_id", "gpu_uuid", "power_std_w", "samples"]].merge(
-        jobs, on="job_id", how="inner") if len(vi) else pd.DataFrame(
-        columns=["job_id", "gpu_uuid", "power_std_w", "samples", *POINT_KEYS])
+    idle = (
+        vi[["job_id", "gpu_uuid", "power_std_w", "samples"]].merge(jobs, on="job_id", how="inner")
+        if len(vi)
+        else pd.DataFrame(columns=["job_id", "gpu_uuid", "power_std_w", "samples", *POINT_KEYS])
+    )
     s["idle_gpu_power_std_w"] = _per_point(idle, s, "power_std_w", "max") if len(idle) else np.nan
     s["idle_check_status"] = np.where(
-        ~has_energy, "not-applicable (no GPU energy)",
-        np.where(s["idle_gpu_power_std_w"].notna(), "ok",
-                 "unavailable (no idle baseline or no power samples in it)"))
+        ~has_energy,
+        "not-applicable (no GPU energy)",
+        np.where(
+            s["idle_gpu_power_std_w"].notna(),
+            "ok",
+            "unavailable (no idle baseline or no power samples in it)",
+        ),
+    )
 
 
 def _ci_half_width_fraction(s: pd.DataFrame) -> np.ndarray:
     """Per point the CI half-width of its headline energy per token over its median."""
-    metric = np.where(s["scenario"] == "training", "energy_per_train_token_j",
-                      "energy_per_output_token_j")
+    metric = np.where(
+        s["scenario"] == "training", "energy_per_train_token_j", "energy_per_output_token_j"
+    )
     med = np.array([s.at[i, m] for i, m in zip(s.index, metric, strict=True)], dtype=float)
-    lo = np.array([s.at[i, f"{m}_ci_low"] for i, m in zip(s.index, metric, strict=True)],
-                  dtype=float)
-    hi = np.array([s.at[i, f"{m}_ci_high"] for i, m in zip(s.index, metric, strict=True)],
-                  dtype=float)
+    lo = np.array(
+        [s.at[i, f"{m}_ci_low"] for i, m in zip(s.index, metric, strict=True)], dtype=float
+    )
+    hi = np.array(
+        [s.at[i, f"{m}_ci_high"] for i, m in zip(s.index, metric, strict=True)], dtype=float
+    )
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero median: no fraction
         return np.where(med > 0, (hi - lo) / 2 / med, np.nan)
 
 
-def _verdict(s: pd.DataFrame, c: dict, gpu_status: pd.Series, has_energy: pd.Series,
-             layout_gpus: pd.Series, period: np.ndarray, any_unchecked: np.ndarray,
-             s_stuck: np.ndarray, throttled: np.ndarray) -> None:
+def _verdict(
+    s: pd.DataFrame,
+    c: dict,
+    gpu_status: pd.Series,
+    has_energy: pd.Series,
+    layout_gpus: pd.Series,
+    period: np.ndarray,
+    any_unchecked: np.ndarray,
+    s_stuck: np.ndarray,
+    throttled: np.ndarray,
+) -> None:
     """Adds ``valid``, ``invalid_reasons`` and ``validity_unchecked`` to ``s`` (in place)."""
     n = len(s)
     window_s = s["window_s"].to_numpy(dtype=float)
@@ -260,14 +310,16 @@ def _verdict(s: pd.DataFrame, c: dict, gpu_status: pd.Series, has_energy: pd.Ser
     s["validity_unchecked"] = unchecked
 
 
-def evaluate(summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path],
-             cfg: dict | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def evaluate(
+    summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path], cfg: dict | None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Re-check (validation table), stages and verdict: the merge step's hook.
 
     Returns the annotated summary, the validation table and the per-stage table; the merge
     writes them together with its other outputs (all or nothing).
     """
-    power = tp.load_power([Path(j).with_name(tp.FILENAME) for j in jobs
-                           if Path(j).with_name(tp.FILENAME).is_file()])
+    power = tp.load_power(
+        [Path(j).with_name(tp.FILENAME) for j in jobs if Path(j).with_name(tp.FILENAME).is_file()]
+    )
     validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
     return annotate(summary, rows, validation, cfg), validation, st.stage_table(rows)

@@ -56,7 +56,11 @@ def start(argv: list[str], env: dict, log, mark: str) -> subprocess.Popen:
     """
     env = {**env, MARK_VAR: mark}
     return subprocess.Popen(
-        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        argv,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         preexec_fn=lambda: _set_pdeathsig(signal.SIGTERM),
     )
 
@@ -114,8 +118,11 @@ def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> 
 
     pids = alive()
     if pids and log is not None:
-        print(f"stopping the job's processes {pids}: SIGTERM, SIGKILL after {grace_s:g} s",
-              file=log, flush=True)
+        print(
+            f"stopping the job's processes {pids}: SIGTERM, SIGKILL after {grace_s:g} s",
+            file=log,
+            flush=True,
+        )
     if running():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)

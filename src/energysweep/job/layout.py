@@ -2,8 +2,8 @@
 
 ``tp * pp * dp == world size``, which layouts a model can run (tp dividing the heads, pp at most
 the layers), how a global rank maps to (dp, pp, tp) coordinates, and which rank writes. The sweep
-(energysweep.sweep), the placement of a job on nodes (energysweep.placement), the launcher, the
-ranks and the tests all use :class:`ParallelLayout`.
+(energysweep.sweep.grid), the placement of a job on nodes (energysweep.job.placement), the
+launcher, the ranks and the tests all use :class:`ParallelLayout`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from energysweep.jsonobj import parse_object
+from energysweep.util.jsonobj import parse_object
 
 PACKAGED = "prompts.jsonl"
 

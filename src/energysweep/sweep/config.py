@@ -15,15 +15,15 @@ from pathlib import Path
 
 import yaml
 
-from energysweep.grid import ModelDims
-from energysweep.placement import Placement
-from energysweep.sweep import Grid, expand_grid
+from energysweep.job.layout import ModelDims
+from energysweep.job.placement import Placement
+from energysweep.sweep.grid import Grid, expand_grid
 
 BUILTIN_TINY = "builtin:tiny"
 # A checkpoint path may only hold these characters: it is passed on argv, never through a shell,
 # but we still refuse anything a shell or a Slurm script could misread.
 SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+~-]+$")
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -85,7 +85,7 @@ def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict
 def model_dims(entry: dict, base_dir: Path) -> ModelDims | None:
     """Shape of a configured model, from its checkpoint's config.json, its spec, or `dims`."""
     if entry["path"] == BUILTIN_TINY:
-        from energysweep.tinymodel import DEFAULT_SPEC
+        from energysweep.sweep.tinymodel import DEFAULT_SPEC
 
         return ModelDims.from_hf_config({**DEFAULT_SPEC, **entry.get("spec", {})})
     cfg_file = resolve_model_path(entry["path"], base_dir) / "config.json"
@@ -111,7 +111,7 @@ def check(
 ) -> None:
     """Semantic checks the schema cannot express. Raises ConfigError naming key and fix.
 
-    Every backend's environment must work (energysweep.environments.check): its interpreter
+    Every backend's environment must work (energysweep.sweep.interpreters.check): its interpreter
     exists and the engine imports there, unless its jobs run in their own conda environment
     (``use_conda``); in a dry run (nothing is executed) a problem is only a warning, so a
     cluster sweep can be dry-run on a machine without the engine. ``workflow_dir`` (default
@@ -119,8 +119,8 @@ def check(
     """
     base_dir = Path(base_dir)
     problems = []
-    # measurement.require_energy against the sources it needs (energysweep.require).
-    from energysweep.require import check_config
+    # measurement.require_energy against the sources it needs (energysweep.validity.require).
+    from energysweep.validity.require import check_config
 
     problems += check_config(config.get("measurement", {}))
     names = [m["name"] for m in config["models"]]
@@ -165,9 +165,9 @@ def check(
                 f"config key environments.{b}: {path!r} has characters that are not allowed; "
                 "use letters, digits and . _ - / + ~ only"
             )
-    from energysweep import environments
+    from energysweep.sweep import interpreters
 
-    errors, warnings = environments.check(
+    errors, warnings = interpreters.check(
         config, workflow_dir if workflow_dir is not None else base_dir, use_conda, dry_run
     )
     problems += errors
@@ -221,9 +221,11 @@ def check_node_fit(config: dict, grid: Grid) -> None:
     problems = []
     for job in grid.jobs:
         req = Placement(job.layout, job.backend, par["gpus_per_node"]).node_request
-        where = (f"layout {job.layout} ({job.backend}, {job.scenario}) puts {req.ranks_per_node} "
-                 f"ranks on each of its {req.nodes} node(s) (parallel.gpus_per_node="
-                 f"{par['gpus_per_node']})")
+        where = (
+            f"layout {job.layout} ({job.backend}, {job.scenario}) puts {req.ranks_per_node} "
+            f"ranks on each of its {req.nodes} node(s) (parallel.gpus_per_node="
+            f"{par['gpus_per_node']})"
+        )
         if cpus is not None and req.cpus_per_node > cpus:
             problems.append(
                 f"config key parallel.cpus_per_node: {where} and asks each for "
@@ -244,7 +246,7 @@ def sweep_hash(config: dict) -> str:
     """Stable short hash of the whole (validated, defaults-filled) config: the sweep's identity.
 
     Stored as ``config_hash`` in results/config.yaml. Not to be confused with one job's
-    :func:`energysweep.jobspec.settings_hash` (the ``config_hash`` column of shards and job.json).
+    :func:`energysweep.job.spec.settings_hash` (the ``config_hash`` column of shards and job.json).
     """
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -12,7 +12,7 @@ Keys:
     scenario: ``inference`` or ``training``; absent: both.
     step: instead of a rank's point, fail the Snakemake script step of this rule name (or of
         any rule in a list of names: ``measure``, ``merge_shards``, ...) when it starts
-        (:func:`energysweep.steplog.step_log`); only ``raise`` applies there.
+        (:func:`energysweep.util.steplog.step_log`); only ``raise`` applies there.
 
 The variable passes to every rank by inheritance (Snakemake -> measure step -> torchrun/srun ->
 ranks). The measurers call :func:`inject` once per rank and batch size, before the point's first
@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from energysweep.jsonobj import parse_object
+from energysweep.util.jsonobj import parse_object
 
 ENV_VAR = "ENERGYSWEEP_TEST_FAULT"
 ACTIONS = ("raise", "kill", "hang")
@@ -95,8 +95,13 @@ def parse(text: str | None) -> Fault | None:
                 f"{text!r}"
             )
         step = tuple(step)
-    return Fault(action, _int_or_none(obj, "rank", text), _int_or_none(obj, "batch_size", text),
-                 scenario, step)
+    return Fault(
+        action,
+        _int_or_none(obj, "rank", text),
+        _int_or_none(obj, "batch_size", text),
+        scenario,
+        step,
+    )
 
 
 def from_env(environ=None) -> Fault | None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from energysweep.backends.registry import BACKENDS
-from energysweep.grid import ModelDims, ParallelLayout
-from energysweep.placement import Placement
+from energysweep.job.backends import BACKENDS
+from energysweep.job.layout import ModelDims, ParallelLayout
+from energysweep.job.placement import Placement
 
 
 def engine_unsupported(

@@ -19,8 +19,9 @@ The verdict is ``gpu_energy`` and ``host_energy`` (ok or not, and why). The node
 ``measurement.require_energy`` asks for is unavailable (``auto``: GPU energy when this node has
 a GPU). A node without a GPU says so plainly.
 
-Run: ``python -m energysweep.preflight --out results/preflight --require auto`` (the Snakemake
-target ``preflight`` runs it once per node slot and prints the verdicts: ``make preflight``).
+Run: ``python -m energysweep.validity.preflight --out results/preflight --require auto`` (the
+Snakemake target ``preflight`` runs it once per node slot and prints the verdicts:
+``make preflight``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from energysweep.tables.power import CLOCK_EVENT_REASONS, reason_names
 OK, FAIL, WARN, UNAVAILABLE, SKIPPED = "ok", "fail", "warn", "unavailable", "skipped"
 
 
-def probe_gpu(handle, seconds: float, max_idle_std_w: float, throttle_mask: int,
-              clock=time.monotonic) -> dict:
+def probe_gpu(
+    handle, seconds: float, max_idle_std_w: float, throttle_mask: int, clock=time.monotonic
+) -> dict:
     """Counter, idle power and clocks of one GPU, polled for ``seconds``."""
     out: dict = {}
     changes, latencies, powers = [], [], []
@@ -66,32 +68,58 @@ def probe_gpu(handle, seconds: float, max_idle_std_w: float, throttle_mask: int,
         time.sleep(0.001)
     elapsed = clock() - start
     if last is not None:
-        periods = [b - a for a, b in zip(changes, changes[1:], strict=False)]
-        period = sorted(periods)[len(periods) // 2] if periods else None
-        c = {
-            "advanced": bool(changes), "changes": len(changes), "polled_s": elapsed,
-            "energy_mj": last - first,
-            "update_period_s": period,
-            "read_latency_us": 1e6 * sum(latencies) / len(latencies) if latencies else None,
-        }
-        if not changes:
-            c.update(status=FAIL, detail=f"the energy counter did not move in {elapsed:.1f} s "
-                     "(stuck counter: windows would read 0 J)")
-        elif period is None:
-            c.update(status=WARN, detail="counter moved once: update period not measurable; "
-                     "poll longer (--seconds)")
-        else:
-            c.update(status=OK, detail=f"advances every {period * 1e3:.0f} ms")
-        out["counter"] = c
+        out["counter"] = _counter_result(changes, latencies, elapsed, last - first)
     if powers:
-        mean = sum(powers) / len(powers)
-        std = (sum((p - mean) ** 2 for p in powers) / len(powers)) ** 0.5
-        stable = std <= max_idle_std_w
-        out["idle_power"] = {
-            "status": OK if stable else WARN, "mean_w": mean, "std_w": std, "samples": len(powers),
-            "detail": f"{mean:.1f} W +/- {std:.2f} W" + ("" if stable else
-                                                          f" (std > {max_idle_std_w} W: unstable)"),
-        }
+        out["idle_power"] = _idle_power_result(powers, max_idle_std_w)
+    out["clocks"] = _clocks_result(handle, throttle_mask)
+    return out
+
+
+def _counter_result(changes: list, latencies: list, elapsed: float, energy_mj: float) -> dict:
+    """The counter check: did it move, how often (median update period), how fast to read."""
+    periods = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+    period = sorted(periods)[len(periods) // 2] if periods else None
+    c = {
+        "advanced": bool(changes),
+        "changes": len(changes),
+        "polled_s": elapsed,
+        "energy_mj": energy_mj,
+        "update_period_s": period,
+        "read_latency_us": 1e6 * sum(latencies) / len(latencies) if latencies else None,
+    }
+    if not changes:
+        c.update(
+            status=FAIL,
+            detail=f"the energy counter did not move in {elapsed:.1f} s "
+            "(stuck counter: windows would read 0 J)",
+        )
+    elif period is None:
+        c.update(
+            status=WARN,
+            detail="counter moved once: update period not measurable; poll longer (--seconds)",
+        )
+    else:
+        c.update(status=OK, detail=f"advances every {period * 1e3:.0f} ms")
+    return c
+
+
+def _idle_power_result(powers: list[float], max_idle_std_w: float) -> dict:
+    """Idle power's mean and spread; unstable above ``max_idle_std_w``."""
+    mean = sum(powers) / len(powers)
+    std = (sum((p - mean) ** 2 for p in powers) / len(powers)) ** 0.5
+    stable = std <= max_idle_std_w
+    return {
+        "status": OK if stable else WARN,
+        "mean_w": mean,
+        "std_w": std,
+        "samples": len(powers),
+        "detail": f"{mean:.1f} W +/- {std:.2f} W"
+        + ("" if stable else f" (std > {max_idle_std_w} W: unstable)"),
+    }
+
+
+def _clocks_result(handle, throttle_mask: int) -> dict:
+    """SM clocks and clock event reasons; throttling (``throttle_mask``) fails."""
     clocks: dict = {}
     try:
         clocks["sm_clock_mhz"] = hw_nvml.sm_clock_mhz(handle)
@@ -103,13 +131,14 @@ def probe_gpu(handle, seconds: float, max_idle_std_w: float, throttle_mask: int,
         clocks["clock_event_reasons"] = mask
         clocks["clock_event_reason_names"] = reason_names(mask)
         clocks["status"] = FAIL if mask & throttle_mask else OK
-        clocks["detail"] = (f"throttled: {reason_names(mask & throttle_mask)}"
-                            if mask & throttle_mask else
-                            f"no throttling ({reason_names(mask) or 'no clock event reasons'})")
+        clocks["detail"] = (
+            f"throttled: {reason_names(mask & throttle_mask)}"
+            if mask & throttle_mask
+            else f"no throttling ({reason_names(mask) or 'no clock event reasons'})"
+        )
     except Exception as exc:
         clocks.update(status=UNAVAILABLE, detail=f"clock event reasons: {type(exc).__name__}")
-    out["clocks"] = clocks
-    return out
+    return clocks
 
 
 def _zeus_check(uuids: list[str], seconds: float) -> dict:
@@ -131,14 +160,20 @@ def _zeus_check(uuids: list[str], seconds: float) -> dict:
         source.close()
     except Exception as exc:
         return {"status": WARN, "detail": f"Zeus cannot measure here: {type(exc).__name__}: {exc}"}
-    ratios = {r.gpu_uuid: (r.energy_mj_zeus / r.energy_mj
-                           if r.energy_mj_zeus is not None and r.energy_mj else None)
-              for r in readings}
+    ratios = {
+        r.gpu_uuid: (
+            r.energy_mj_zeus / r.energy_mj if r.energy_mj_zeus is not None and r.energy_mj else None
+        )
+        for r in readings
+    }
     bad = [u for u, q in ratios.items() if q is None or abs(q - 1) > 0.1]
-    return {"status": WARN if bad else OK, "zeus_nvml_ratio": ratios,
-            "detail": f"Zeus / NVML energy over {seconds:.1f} s: " + ", ".join(
-                "n/a" if q is None else f"{q:.3f}" for q in ratios.values())
-            + (" (differ by more than 10%)" if bad else "")}
+    return {
+        "status": WARN if bad else OK,
+        "zeus_nvml_ratio": ratios,
+        "detail": f"Zeus / NVML energy over {seconds:.1f} s: "
+        + ", ".join("n/a" if q is None else f"{q:.3f}" for q in ratios.values())
+        + (" (differ by more than 10%)" if bad else ""),
+    }
 
 
 def _rapl_check(root=None) -> dict:
@@ -158,10 +193,16 @@ def _rapl_check(root=None) -> dict:
     return {"status": OK, "detail": r.detail, "energy_mj_0_2s": r.energy_mj}
 
 
-def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0,
-        throttle_reasons=("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"),
-        cuda_visible_devices: str | None = None, torch_uuids=None, rapl_root=None,
-        zeus: bool = True) -> dict:
+def run(
+    seconds: float = 3.0,
+    require: str = "auto",
+    max_idle_std_w: float = 5.0,
+    throttle_reasons=("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"),
+    cuda_visible_devices: str | None = None,
+    torch_uuids=None,
+    rapl_root=None,
+    zeus: bool = True,
+) -> dict:
     """All checks on this node; returns the report (see the module docstring).
 
     Args:
@@ -170,9 +211,13 @@ def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0
         zeus: also compare Zeus with NVML where Zeus is installed.
     """
     mask = sum(CLOCK_EVENT_REASONS[n] for n in throttle_reasons)
-    report: dict = {"host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                        time.gmtime()),
-                    "require_energy": require, "checks": {}, "gpus": []}
+    report: dict = {
+        "host": socket.gethostname(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "require_energy": require,
+        "checks": {},
+        "gpus": [],
+    }
     checks = report["checks"]
     checks["rapl"] = _rapl_check(rapl_root)
     gpu_problem = None
@@ -183,27 +228,36 @@ def run(seconds: float = 3.0, require: str = "auto", max_idle_std_w: float = 5.0
         gpu_problem = f"NVML cannot be loaded ({type(exc).__name__}): no GPU or no driver"
     if gpu_problem is None:
         try:
-            checks["nvml"] = {"status": OK,
-                              "driver": hw_nvml.driver_version(),
-                              "detail": f"{hw_nvml.device_count()} GPU(s) visible to NVML"}
-            gpu_problem = _probe_gpus(report, seconds, max_idle_std_w, mask,
-                                      cuda_visible_devices, torch_uuids, zeus)
+            checks["nvml"] = {
+                "status": OK,
+                "driver": hw_nvml.driver_version(),
+                "detail": f"{hw_nvml.device_count()} GPU(s) visible to NVML",
+            }
+            gpu_problem = _probe_gpus(
+                report, seconds, max_idle_std_w, mask, cuda_visible_devices, torch_uuids, zeus
+            )
         finally:
             hw_nvml.shutdown()
     report["has_gpu"] = bool(report["gpus"])
-    report["gpu_energy"] = {"ok": gpu_problem is None,
-                            "detail": gpu_problem or "every allocated GPU's counter advances"}
-    report["host_energy"] = {"ok": checks["rapl"]["status"] == OK,
-                             "detail": checks["rapl"]["detail"]}
+    report["gpu_energy"] = {
+        "ok": gpu_problem is None,
+        "detail": gpu_problem or "every allocated GPU's counter advances",
+    }
+    report["host_energy"] = {
+        "ok": checks["rapl"]["status"] == OK,
+        "detail": checks["rapl"]["detail"],
+    }
     need = require if require != "auto" else ("gpu" if report["has_gpu"] else "none")
     report["required"] = need
-    report["pass"] = {"gpu": report["gpu_energy"]["ok"], "host": report["host_energy"]["ok"],
-                      "none": True}[need]
+    report["pass"] = {
+        "gpu": report["gpu_energy"]["ok"],
+        "host": report["host_energy"]["ok"],
+        "none": True,
+    }[need]
     return report
 
 
-def _probe_gpus(report, seconds, max_idle_std_w, mask, cvd, torch_uuids,
-                zeus) -> str | None:
+def _probe_gpus(report, seconds, max_idle_std_w, mask, cvd, torch_uuids, zeus) -> str | None:
     checks = report["checks"]
     try:
         allocated = hw_nvml.resolve_visible_gpus(cvd)
@@ -218,28 +272,41 @@ def _probe_gpus(report, seconds, max_idle_std_w, mask, cvd, torch_uuids,
         missing = [u for u in torch_uuids if u not in nvml_uuids]
         allocated = [u for u in torch_uuids if u in nvml_uuids]
     if missing:
-        checks["gpus"] = {"status": FAIL, "missing_uuids": missing,
-                          "detail": f"{len(missing)} CUDA device(s) not found in NVML by UUID: "
-                                    + ", ".join(missing)}
+        checks["gpus"] = {
+            "status": FAIL,
+            "missing_uuids": missing,
+            "detail": f"{len(missing)} CUDA device(s) not found in NVML by UUID: "
+            + ", ".join(missing),
+        }
     elif not allocated:
         checks["gpus"] = {"status": UNAVAILABLE, "detail": "no GPU allocated to this job"}
         return "no GPU allocated to this job"
     else:
-        checks["gpus"] = {"status": OK, "uuids": allocated,
-                          "detail": f"{len(allocated)} allocated GPU(s) found in NVML by UUID"}
+        checks["gpus"] = {
+            "status": OK,
+            "uuids": allocated,
+            "detail": f"{len(allocated)} allocated GPU(s) found in NVML by UUID",
+        }
     gpus = []
     for uuid in allocated:
         h = hw_nvml.handle_by_uuid(uuid)
         ident = hw_nvml.identity(h)
-        g = {"uuid": uuid, "index": ident["index"], "name": ident["name"],
-             "pci_bus_id": ident["pci"]}
+        g = {
+            "uuid": uuid,
+            "index": ident["index"],
+            "name": ident["name"],
+            "pci_bus_id": ident["pci"],
+        }
         g.update(probe_gpu(h, seconds, max_idle_std_w, mask))
         gpus.append({**g, "handle": h})
     if not zeus:
         checks["zeus"] = {"status": SKIPPED, "detail": "not requested"}
     else:
-        checks["zeus"] = _zeus_check(allocated, min(seconds, 1.0)) if gpus else {
-            "status": SKIPPED, "detail": "no GPU"}
+        checks["zeus"] = (
+            _zeus_check(allocated, min(seconds, 1.0))
+            if gpus
+            else {"status": SKIPPED, "detail": "no GPU"}
+        )
     report["gpus"] = [{k: v for k, v in g.items() if k != "handle"} for g in gpus]
     if missing:
         return checks["gpus"]["detail"]
@@ -253,22 +320,30 @@ def verdict(reports: list[dict]) -> str:
     """One screen: a line per node and check, then the overall verdict."""
     lines = []
     for r in reports:
-        lines.append(f"== {r['host']} (require_energy {r['require_energy']} -> {r['required']}): "
-                     f"{'PASS' if r['pass'] else 'FAIL'}")
+        lines.append(
+            f"== {r['host']} (require_energy {r['require_energy']} -> {r['required']}): "
+            f"{'PASS' if r['pass'] else 'FAIL'}"
+        )
         if not r["has_gpu"]:
-            lines.append(f"   This node has no GPU that NVML can read: {r['gpu_energy']['detail']}."
-                         " GPU energy from it is recorded as unavailable (null), never 0.")
+            lines.append(
+                f"   This node has no GPU that NVML can read: {r['gpu_energy']['detail']}."
+                " GPU energy from it is recorded as unavailable (null), never 0."
+            )
         for name, c in r["checks"].items():
             lines.append(f"   {name:<8} {c['status']:<11} {c.get('detail', '')}")
         for g in r["gpus"]:
             lines.append(f"   GPU {g['index']} {g['uuid']} ({g['name']})")
             for name in ("counter", "idle_power", "clocks"):
                 if name in g:
-                    lines.append(f"     {name:<10} {g[name].get('status', ''):<11} "
-                                 f"{g[name].get('detail', '')}")
-        lines.append(f"   GPU energy: {'ok' if r['gpu_energy']['ok'] else 'NOT AVAILABLE'}"
-                     f" ({r['gpu_energy']['detail']}); host energy: "
-                     f"{'ok' if r['host_energy']['ok'] else 'not available'}")
+                    lines.append(
+                        f"     {name:<10} {g[name].get('status', ''):<11} "
+                        f"{g[name].get('detail', '')}"
+                    )
+        lines.append(
+            f"   GPU energy: {'ok' if r['gpu_energy']['ok'] else 'NOT AVAILABLE'}"
+            f" ({r['gpu_energy']['detail']}); host energy: "
+            f"{'ok' if r['host_energy']['ok'] else 'not available'}"
+        )
     passed = all(r["pass"] for r in reports)
     lines.append(f"Preflight {'PASSED' if passed else 'FAILED'}: {len(reports)} node(s).")
     return "\n".join(lines)
@@ -286,14 +361,22 @@ def write_report(report: dict, out_dir: str | Path, name: str | None = None) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Energy measurement preflight of this node.")
     parser.add_argument("--out", default="results/preflight", help="directory for <host>.json")
-    parser.add_argument("--require", default="auto", choices=["auto", "gpu", "host", "none"],
-                        help="measurement.require_energy: what must be measurable")
+    parser.add_argument(
+        "--require",
+        default="auto",
+        choices=["auto", "gpu", "host", "none"],
+        help="measurement.require_energy: what must be measurable",
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="counter/idle polling time")
     parser.add_argument("--max-idle-std-w", type=float, default=5.0)
     args = parser.parse_args(argv)
-    report = run(args.seconds, args.require, args.max_idle_std_w,
-                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                 torch_uuids=hw_nvml.torch_uuids)
+    report = run(
+        args.seconds,
+        args.require,
+        args.max_idle_std_w,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        torch_uuids=hw_nvml.torch_uuids,
+    )
     write_report(report, args.out)
     print(verdict([report]))
     return 0 if report["pass"] else 1

@@ -28,8 +28,9 @@ Runner = Callable[[list[str]], subprocess.CompletedProcess]
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S,
-                          check=False)
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False
+    )
 
 
 def parse_show_job(text: str) -> str | None:
@@ -40,8 +41,9 @@ def parse_show_job(text: str) -> str | None:
     return match.group(1)
 
 
-def _nodelist_from(argv: list[str], run: Runner, tried: list[str],
-                   parse: Callable[[str], str | None]) -> str | None:
+def _nodelist_from(
+    argv: list[str], run: Runner, tried: list[str], parse: Callable[[str], str | None]
+) -> str | None:
     try:
         proc = run(argv)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -94,7 +96,9 @@ def job_nodes(env: Mapping[str, str] | None = None, run: Runner = _run) -> list[
                 "profiles/slurm); cannot find its nodes: " + "; ".join(tried)
             )
         nodelist = _nodelist_from(
-            ["squeue", "-h", "-j", job_id, "-o", "%N"], run, tried,
+            ["squeue", "-h", "-j", job_id, "-o", "%N"],
+            run,
+            tried,
             lambda out: out.splitlines()[0].strip() if out else None,
         ) or _nodelist_from(["scontrol", "show", "job", job_id], run, tried, parse_show_job)
         if nodelist is None:

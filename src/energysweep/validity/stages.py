@@ -19,13 +19,32 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from energysweep.phases import HEADLINE_PHASES
+from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 
-ROW_COLUMNS = [*WINDOW_KEYS, "status", "host", "pid", "pp_rank", "gpu_uuid", "gpu_energy_mj",
-               "gpu_energy_status", "cpu_time_s"]
-STAGE_COLUMNS = [*POINT_KEYS, "phase", "pp_rank", "repetitions_ok", "n_gpus", "gpu_energy_j",
-                 "gpu_energy_share", "gpu_energy_status", "cpu_time_s", "cpu_time_share"]
+ROW_COLUMNS = [
+    *WINDOW_KEYS,
+    "status",
+    "host",
+    "pid",
+    "pp_rank",
+    "gpu_uuid",
+    "gpu_energy_mj",
+    "gpu_energy_status",
+    "cpu_time_s",
+]
+STAGE_COLUMNS = [
+    *POINT_KEYS,
+    "phase",
+    "pp_rank",
+    "repetitions_ok",
+    "n_gpus",
+    "gpu_energy_j",
+    "gpu_energy_share",
+    "gpu_energy_status",
+    "cpu_time_s",
+    "cpu_time_share",
+]
 MEASURED = ("measured", "short-window")
 
 
@@ -49,8 +68,11 @@ def per_window(rows: pd.DataFrame) -> pd.DataFrame:
     out["n_gpus"] = out["n_gpus"].fillna(0).astype(int)
     window = out.groupby(WINDOW_KEYS, sort=False)
     for col, share in (("gpu_energy_j", "gpu_energy_share"), ("cpu_time_s", "cpu_time_share")):
-        total = window[col].transform("sum").where(
-            window[col].transform("count") == window[col].transform("size"))
+        total = (
+            window[col]
+            .transform("sum")
+            .where(window[col].transform("count") == window[col].transform("size"))
+        )
         out[share] = out[col] / total
     return out
 
@@ -62,14 +84,22 @@ def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=STAGE_COLUMNS)
     g = w.groupby([*POINT_KEYS, "phase", "pp_rank"], sort=True)
     out = g.agg(
-        repetitions_ok=("repetition", "nunique"), n_gpus=("n_gpus", "max"),
-        gpu_energy_j=("gpu_energy_j", "median"), gpu_energy_share=("gpu_energy_share", "median"),
-        cpu_time_s=("cpu_time_s", "median"), cpu_time_share=("cpu_time_share", "median"),
+        repetitions_ok=("repetition", "nunique"),
+        n_gpus=("n_gpus", "max"),
+        gpu_energy_j=("gpu_energy_j", "median"),
+        gpu_energy_share=("gpu_energy_share", "median"),
+        cpu_time_s=("cpu_time_s", "median"),
+        cpu_time_share=("cpu_time_share", "median"),
     ).reset_index()
     out["gpu_energy_status"] = np.where(
-        out["gpu_energy_j"].notna(), "measured",
-        np.where(out["n_gpus"] == 0, "unavailable (no GPU energy measured)",
-                 "partial (a GPU of the stage has no energy)"))
+        out["gpu_energy_j"].notna(),
+        "measured",
+        np.where(
+            out["n_gpus"] == 0,
+            "unavailable (no GPU energy measured)",
+            "partial (a GPU of the stage has no energy)",
+        ),
+    )
     return out[STAGE_COLUMNS]
 
 
@@ -98,30 +128,50 @@ def summary_columns(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
             n = g.size()
             return (hi / lo).where((n >= 2) & (g[column].count() == n) & (lo > 0))
 
-        per = pd.DataFrame({
-            "share_max": g["gpu_energy_share"].max(), "share_min": g["gpu_energy_share"].min(),
-            "energy_ratio": mm("gpu_energy_j"), "cpu_ratio": mm("cpu_time_s"),
-            "stages": g["pp_rank"].nunique(),
-        }).reset_index()
+        per = pd.DataFrame(
+            {
+                "share_max": g["gpu_energy_share"].max(),
+                "share_min": g["gpu_energy_share"].min(),
+                "energy_ratio": mm("gpu_energy_j"),
+                "cpu_ratio": mm("cpu_time_s"),
+                "stages": g["pp_rank"].nunique(),
+            }
+        ).reset_index()
         gpu_ratio = _per_gpu_ratio(rows)
         per = per.merge(gpu_ratio, on=WINDOW_KEYS, how="left")
-        cols = per.groupby(POINT_KEYS, sort=True).agg(
-            stage_gpu_energy_share_max=("share_max", "median"),
-            stage_gpu_energy_share_min=("share_min", "median"),
-            stage_gpu_energy_max_min_ratio=("energy_ratio", "median"),
-            gpu_energy_max_min_ratio=("gpu_energy_max_min_ratio", "median"),
-            stage_cpu_time_max_min_ratio=("cpu_ratio", "median"),
-            stages_seen=("stages", "max"),
-        ).reset_index()
+        cols = (
+            per.groupby(POINT_KEYS, sort=True)
+            .agg(
+                stage_gpu_energy_share_max=("share_max", "median"),
+                stage_gpu_energy_share_min=("share_min", "median"),
+                stage_gpu_energy_max_min_ratio=("energy_ratio", "median"),
+                gpu_energy_max_min_ratio=("gpu_energy_max_min_ratio", "median"),
+                stage_cpu_time_max_min_ratio=("cpu_ratio", "median"),
+                stages_seen=("stages", "max"),
+            )
+            .reset_index()
+        )
     keys = summary[POINT_KEYS]
-    out = keys.merge(cols, on=POINT_KEYS, how="left") if len(cols) else keys.assign(
-        stage_gpu_energy_share_max=np.nan, stage_gpu_energy_share_min=np.nan,
-        stage_gpu_energy_max_min_ratio=np.nan, gpu_energy_max_min_ratio=np.nan,
-        stage_cpu_time_max_min_ratio=np.nan, stages_seen=np.nan)
+    out = (
+        keys.merge(cols, on=POINT_KEYS, how="left")
+        if len(cols)
+        else keys.assign(
+            stage_gpu_energy_share_max=np.nan,
+            stage_gpu_energy_share_min=np.nan,
+            stage_gpu_energy_max_min_ratio=np.nan,
+            gpu_energy_max_min_ratio=np.nan,
+            stage_cpu_time_max_min_ratio=np.nan,
+            stages_seen=np.nan,
+        )
+    )
     status = []
-    for pp, seen, energy, gpu_status in zip(out["pp"], out["stages_seen"],
-                                            out["stage_gpu_energy_max_min_ratio"],
-                                            summary["gpu_energy_status"], strict=True):
+    for pp, seen, energy, gpu_status in zip(
+        out["pp"],
+        out["stages_seen"],
+        out["stage_gpu_energy_max_min_ratio"],
+        summary["gpu_energy_status"],
+        strict=True,
+    ):
         if pd.isna(seen):
             status.append("point-failed")
         elif int(pp) == 1:

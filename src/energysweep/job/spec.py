@@ -7,7 +7,7 @@ the dict the ranks index (``spec["job"]["tp"]``, ``spec["outputs"]["job_json"]``
 
 :class:`JobDir` knows every path of one job's directory (``results/shards/<params>``).
 
-Two hashes, two names: :func:`energysweep.config.sweep_hash` is the whole config's (the
+Two hashes, two names: :func:`energysweep.sweep.config.sweep_hash` is the whole config's (the
 ``config_hash`` of ``results/config.yaml``); :func:`settings_hash` is one job's settings, i.e.
 its spec without outputs, job id and limits (the ``config_hash`` column of shards and job.json).
 """
@@ -21,9 +21,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from energysweep.backends.registry import BACKENDS
-from energysweep.grid import ParallelLayout
-from energysweep.placement import Placement
+from energysweep.job.backends import BACKENDS
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import Placement
 
 # Keys the launcher adds to a spec that do not determine the job's numbers (settings_hash).
 NOT_SETTINGS = ("outputs", "job_id", "limits")
@@ -52,8 +52,9 @@ class JobSpec:
     outputs: dict | None = None
 
     @classmethod
-    def from_config(cls, config: dict, model: str, backend: str, scenario: str,
-                    tp: int, pp: int, dp: int) -> JobSpec:
+    def from_config(
+        cls, config: dict, model: str, backend: str, scenario: str, tp: int, pp: int, dp: int
+    ) -> JobSpec:
         """The spec of one grid job of a validated (defaults-filled) config."""
         entry = next(m for m in config["models"] if m["name"] == model)
         return cls(

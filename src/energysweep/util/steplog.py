@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from energysweep import faults
+from energysweep.util import faults
 
 EXIT_FAILED = 1
 # The running step's console (its original stderr), for what must be seen on the terminal.

@@ -17,12 +17,26 @@ from energysweep.tables.shards import POINT_KEYS
 
 # Shown first, in this order; every other summary column follows.
 LEADING_COLUMNS = [
-    *POINT_KEYS, "valid", "invalid_reasons", "status", "repetitions_ok",
-    "energy_per_output_token_j", "energy_per_output_token_j_ci_low",
-    "energy_per_output_token_j_ci_high", "output_tokens_per_s", "output_tokens_per_s_ci_low",
-    "output_tokens_per_s_ci_high", "energy_per_train_token_j", "train_tokens_per_s",
-    "energy_per_output_token_idle_adjusted_j", "gpu_energy_status", "gpu_energy_detail",
-    "host_energy_per_output_token_j", "host_energy_status", "cpu_time_s", "device",
+    *POINT_KEYS,
+    "valid",
+    "invalid_reasons",
+    "status",
+    "repetitions_ok",
+    "energy_per_output_token_j",
+    "energy_per_output_token_j_ci_low",
+    "energy_per_output_token_j_ci_high",
+    "output_tokens_per_s",
+    "output_tokens_per_s_ci_low",
+    "output_tokens_per_s_ci_high",
+    "energy_per_train_token_j",
+    "train_tokens_per_s",
+    "energy_per_output_token_idle_adjusted_j",
+    "gpu_energy_status",
+    "gpu_energy_detail",
+    "host_energy_per_output_token_j",
+    "host_energy_status",
+    "cpu_time_s",
+    "device",
 ]
 
 _STYLE = """
@@ -66,28 +80,35 @@ def _cell(value) -> tuple[str, str, str]:
 def table_html(frame: pd.DataFrame, row_class=None) -> str:
     """A sortable HTML table of ``frame`` (escaped); ``row_class(row)`` may mark rows."""
     head = "".join(
-        f'<th onclick="esSort(this)" title="sort">{html.escape(str(c))}</th>'
-        for c in frame.columns
+        f'<th onclick="esSort(this)" title="sort">{html.escape(str(c))}</th>' for c in frame.columns
     )
     body = []
     for _, row in frame.iterrows():
         cells = []
         for c in frame.columns:
             text, sort, cls = _cell(row[c])
-            title = ' title="null: not measured or not applicable; see the status columns"' \
-                if cls == "null" else ""
-            cells.append(f'<td class="{cls}" data-v="{html.escape(sort)}"{title}>'
-                         f"{html.escape(text)}</td>")
+            title = (
+                ' title="null: not measured or not applicable; see the status columns"'
+                if cls == "null"
+                else ""
+            )
+            cells.append(
+                f'<td class="{cls}" data-v="{html.escape(sort)}"{title}>{html.escape(text)}</td>'
+            )
         cls = row_class(row) if row_class else ""
         body.append(f'<tr class="{cls}">' + "".join(cells) + "</tr>")
-    return (f'<div class="wrap"><table class="es"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table></div>")
+    return (
+        f'<div class="wrap"><table class="es"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def _page(title: str, body: str) -> str:
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1>{body}<script>{_SCRIPT}</script></body></html>")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1>{body}<script>{_SCRIPT}</script></body></html>"
+    )
 
 
 def _invalid(row) -> str:
@@ -117,8 +138,38 @@ def _distinct(env: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return env[cols].drop_duplicates().reset_index(drop=True) if cols else pd.DataFrame()
 
 
-def environment_page(env: pd.DataFrame, record: dict, skipped: pd.DataFrame | None = None,
-                     jobs: pd.DataFrame | None = None) -> str:
+# The environment page's GPU and job tables: which columns, in order.
+GPU_COLUMNS = (
+    "host", "gpu_name", "gpu_uuid", "gpu_pci_bus_id", "driver", "cuda_driver_version",
+    "gpu_memory_total_bytes", "gpu_power_limit_mw", "gpu_max_sm_clock_mhz",
+)  # fmt: skip
+JOB_COLUMNS = (
+    "job_id", "config_hash", "code_version", "git_commit", "gpu_count", "host_count",
+    "slurm_job_id", "slurm_partition", "slurm_nodelist", "seed",
+)  # fmt: skip
+
+
+def _sweep_facts(env: pd.DataFrame, record: dict) -> pd.DataFrame:
+    """The sweep's hash, code version and counts of jobs and distinct GPUs."""
+    return pd.DataFrame(
+        [
+            {"item": "config hash (sweep)", "value": record.get("config_hash")},
+            {"item": "code version", "value": record.get("code_version")},
+            {"item": "jobs", "value": len(env["job_id"].unique()) if "job_id" in env else 0},
+            {
+                "item": "GPUs used (distinct UUIDs)",
+                "value": int(env["gpu_uuid"].nunique()) if "gpu_uuid" in env else 0,
+            },
+        ]
+    )
+
+
+def environment_page(
+    env: pd.DataFrame,
+    record: dict,
+    skipped: pd.DataFrame | None = None,
+    jobs: pd.DataFrame | None = None,
+) -> str:
     """What a methods section needs: config hash, code version, GPUs, driver, engine versions,
     hosts, jobs and the validated config.
 
@@ -128,42 +179,34 @@ def environment_page(env: pd.DataFrame, record: dict, skipped: pd.DataFrame | No
         skipped: results/grid/skipped.tsv (grid points not run, with the reason).
         jobs: results/grid/jobs.tsv.
     """
-    parts = [
-        "<h2>Sweep</h2>",
-        table_html(pd.DataFrame([
-            {"item": "config hash (sweep)", "value": record.get("config_hash")},
-            {"item": "code version", "value": record.get("code_version")},
-            {"item": "jobs", "value": len(env["job_id"].unique()) if "job_id" in env else 0},
-            {"item": "GPUs used (distinct UUIDs)",
-             "value": int(env["gpu_uuid"].nunique()) if "gpu_uuid" in env else 0},
-        ])),
-    ]
-    gpus = _distinct(env, ["host", "gpu_name", "gpu_uuid", "gpu_pci_bus_id", "driver",
-                           "cuda_driver_version", "gpu_memory_total_bytes", "gpu_power_limit_mw",
-                           "gpu_max_sm_clock_mhz"])
+    parts = ["<h2>Sweep</h2>", table_html(_sweep_facts(env, record))]
+    gpus = _distinct(env, list(GPU_COLUMNS))
     parts.append("<h2>GPUs and driver</h2>")
     if "gpu_uuid" in env and env["gpu_uuid"].notna().any():
         parts.append(table_html(gpus[gpus["gpu_uuid"].notna()]))
     else:
-        parts.append("<p>No GPU was used by any job (CPU ranks): no GPU, driver or CUDA "
-                     "facts to record, and no GPU energy was measured.</p>")
+        parts.append(
+            "<p>No GPU was used by any job (CPU ranks): no GPU, driver or CUDA "
+            "facts to record, and no GPU energy was measured.</p>"
+        )
     version_cols = [c for c in env.columns if c.endswith("_version") and c != "code_version"]
-    parts += ["<h2>Hosts and software versions</h2>",
-              table_html(_distinct(env, ["host", "cpu_model", "torch_cuda", *version_cols])),
-              "<p class=\"meta\">— means the package is not installed in that job's "
-              "environment (e.g. vLLM in a PyTorch-only environment).</p>"]
-    parts += ["<h2>Jobs</h2>",
-              table_html(_distinct(env, ["job_id", "config_hash", "code_version", "git_commit",
-                                         "gpu_count", "host_count", "slurm_job_id",
-                                         "slurm_partition", "slurm_nodelist", "seed"]))]
+    parts += [
+        "<h2>Hosts and software versions</h2>",
+        table_html(_distinct(env, ["host", "cpu_model", "torch_cuda", *version_cols])),
+        '<p class="meta">— means the package is not installed in that job\'s '
+        "environment (e.g. vLLM in a PyTorch-only environment).</p>",
+    ]
+    parts += [
+        "<h2>Jobs</h2>",
+        table_html(_distinct(env, list(JOB_COLUMNS))),
+    ]
     if jobs is not None:
         parts += ["<h2>Grid: layouts run</h2>", table_html(jobs)]
     if skipped is not None:
         parts.append("<h2>Grid: points not run</h2>")
         parts.append(table_html(skipped) if len(skipped) else "<p>None.</p>")
     config = yaml.safe_dump(record.get("config", {}), sort_keys=False)
-    parts += ["<h2>Validated config (defaults filled)</h2>",
-              f"<pre>{html.escape(config)}</pre>"]
+    parts += ["<h2>Validated config (defaults filled)</h2>", f"<pre>{html.escape(config)}</pre>"]
     return _page("energysweep environment", "".join(parts))
 
 
@@ -176,8 +219,12 @@ def _write(text: str, out: str | Path) -> None:
 
 
 def write_pages(
-    summary_csv: str | Path, environment_parquet: str | Path, config_yaml: str | Path,
-    jobs_tsv: str | Path, skipped_tsv: str | Path, summary_out: str | Path,
+    summary_csv: str | Path,
+    environment_parquet: str | Path,
+    config_yaml: str | Path,
+    jobs_tsv: str | Path,
+    skipped_tsv: str | Path,
+    summary_out: str | Path,
     environment_out: str | Path,
 ) -> None:
     """Read the pipeline's tables and write :func:`summary_page` and :func:`environment_page`."""

@@ -5,7 +5,7 @@ Slurm executor plugin needs numpy >= 2.4.5, so vLLM cannot live in Snakemake's v
 job therefore starts its ranks (torchrun, or the engine's entry point) with the interpreter of its
 backend's environment, decided here and nowhere else:
 
-- the backend registry's ``default_python`` (energysweep.backends.registry, data) names each
+- the backend registry's ``default_python`` (energysweep.job.backends, data) names each
   backend's default interpreter: ``None`` is the Python the measure job itself runs in
   (Snakemake's, or the rule's conda env); a relative path is relative to the workflow directory
   (``.venv-vllm/bin/python``, built by ``make vllm-env``);
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from energysweep.backends.registry import BACKENDS
+from energysweep.job.backends import BACKENDS
 
 PROBE_TIMEOUT_S = 300  # importing vLLM (torch, transformers, triton) takes 5-30 s on 2 busy cores
 # Probe results that succeeded, per workflow run directory (see _cache_key).
@@ -80,8 +80,12 @@ def _read_cache(cache_file: Path) -> dict:
         return {}
 
 
-def probe(python: str, module: str, timeout_s: float = PROBE_TIMEOUT_S,
-          cache_file: Path | None = CACHE_FILE) -> dict:
+def probe(
+    python: str,
+    module: str,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    cache_file: Path | None = CACHE_FILE,
+) -> dict:
     """Import ``module`` with ``python`` in a subprocess; ``{"ok", "version", "detail"}``.
 
     Successes are cached in memory and in ``cache_file`` (keyed by the interpreter, its
@@ -101,12 +105,18 @@ def probe(python: str, module: str, timeout_s: float = PROBE_TIMEOUT_S,
     )
     try:
         proc = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+            [python, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     except subprocess.TimeoutExpired:
-        return {"ok": False, "version": None,
-                "detail": f"`import {module}` did not finish within {timeout_s:.0f} s"}
+        return {
+            "ok": False,
+            "version": None,
+            "detail": f"`import {module}` did not finish within {timeout_s:.0f} s",
+        }
     except OSError as exc:
         return {"ok": False, "version": None, "detail": f"cannot run it: {exc}"}
     if proc.returncode != 0:
@@ -114,8 +124,12 @@ def probe(python: str, module: str, timeout_s: float = PROBE_TIMEOUT_S,
         last = lines[-1] if lines else f"exit status {proc.returncode}"
         return {"ok": False, "version": None, "detail": f"`import {module}` failed: {last}"}
     out = proc.stdout.split()
-    result = {"ok": True, "version": out[0] if out else "unknown",
-              "python_version": out[1] if len(out) > 1 else None, "detail": ""}
+    result = {
+        "ok": True,
+        "version": out[0] if out else "unknown",
+        "python_version": out[1] if len(out) > 1 else None,
+        "detail": "",
+    }
     _memo[key] = result
     if cache_file is not None:
         try:

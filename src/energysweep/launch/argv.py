@@ -1,0 +1,201 @@
+"""Layout -> processes: the argv and environment a measure job starts (never a shell).
+
+Launch modes (energysweep.job.placement.Placement says which a job uses):
+- ``torchrun`` one node:   ``torchrun --standalone --nproc-per-node N -m energysweep.run``
+  (standalone picks a free port, so concurrent jobs on one node never collide);
+- ``torchrun`` many nodes: ``srun --nodes K --ntasks-per-node 1 torchrun --nnodes K
+  --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HEAD:PORT --rdzv-id JOBID``, the port
+  derived from the Slurm job id (the default 29400 collides when jobs share a head node);
+- ``direct`` (TensorRT-LLM on one node): one process per DP replica, the engine spawns its tp*pp
+  GPU workers; dp == 1 is ``python -m energysweep.run``; dp > 1 is ``torchrun --standalone
+  --nproc-per-node DP -m energysweep.launch.replica --replica-gpus TP*PP``, which gives each
+  replica its own disjoint GPU set (CUDA_VISIBLE_DEVICES) before anything touches CUDA, then
+  execs the run;
+- ``mpi`` (TensorRT-LLM, a replica larger than a node, dp == 1): ``srun --mpi=pmix --nodes K
+  --ntasks-per-node TP*PP/K trtllm-llmapi-launch python -m energysweep.run``; MPI ranks == tp*pp.
+vLLM runs under ``torchrun`` like PyTorch, even with one rank: every rank is one vLLM engine with
+``distributed_executor_backend="external_launcher"``, which reads RANK/LOCAL_RANK/MASTER_* from
+torchrun. Which mode a backend uses is data (energysweep.job.backends).
+
+Ports: concurrent jobs on one node must never share one. torchrun --standalone picks a free port;
+a multi-node rendezvous and vLLM's ``VLLM_PORT`` are derived from the Slurm job id (distinct jobs
+running together have nearby ids, hence distinct ports), or are a free port outside Slurm.
+
+Everything is an argv list: no value ever passes through a shell.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from energysweep.job.backends import BACKENDS
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import Placement
+from energysweep.launch.ports import free_port, rendezvous_port, vllm_port
+from energysweep.launch.slurm import expand_hostnames
+
+
+def backend_env(
+    backend: str, slurm_job_id: str | None = None, engine: dict | None = None
+) -> dict[str, str]:
+    """Environment variables a backend's processes need, beyond the common ones.
+
+    Args:
+        engine: the config section ``engine`` (engine jobs' spec), None for its defaults.
+    """
+    if backend == "vllm":
+        engine = engine or {}
+        return {
+            "VLLM_PORT": str(vllm_port(slurm_job_id) if slurm_job_id else free_port()),
+            # external_launcher runs the engine core inside each rank (vLLM sets this itself for
+            # that executor; set here so the job's environment record says so).
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            # KV cache of a rank on CPUs, in GiB (read by vLLM's CPU platform only). Unset, the
+            # CPU build reserves gpu_memory_utilization x host RAM per rank: OOM kills at tp=2.
+            "VLLM_CPU_KVCACHE_SPACE": str(int(engine.get("cpu_kvcache_gib", 1))),
+            # vLLM binds OpenMP threads only in its own multiprocessing executor; under
+            # external_launcher each rank uses OMP_NUM_THREADS (build_env), so say so.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        }
+    return {}
+
+
+def replica_visible_devices(
+    visible: str | None, local_rank: int, gpus_per_replica: int, local_replicas: int
+) -> str:
+    """CUDA_VISIBLE_DEVICES of DP replica ``local_rank`` on its node: a contiguous, disjoint slice.
+
+    Args:
+        visible: the job's CUDA_VISIBLE_DEVICES (set by Slurm for the allocation), or None for
+            all GPUs of the machine (numbered 0..N-1).
+        local_rank: the replica's index on this node.
+        gpus_per_replica: tp*pp.
+        local_replicas: replicas on this node.
+    """
+    devices = (
+        [d.strip() for d in visible.split(",") if d.strip()]
+        if visible is not None
+        else [str(i) for i in range(gpus_per_replica * local_replicas)]
+    )
+    need = gpus_per_replica * local_replicas
+    if len(devices) < need:
+        raise ValueError(
+            f"{local_replicas} replicas of {gpus_per_replica} GPUs need {need} GPUs, "
+            f"CUDA_VISIBLE_DEVICES={visible!r} has {len(devices)}"
+        )
+    start = local_rank * gpus_per_replica
+    return ",".join(devices[start : start + gpus_per_replica])
+
+
+def build_argv(
+    layout: ParallelLayout,
+    backend: str,
+    spec_path: str,
+    gpus_per_node: int,
+    python: str = sys.executable,
+    slurm_job_id: str | None = None,
+    head_node: str | None = None,
+) -> list[str]:
+    """The command that starts every process of one job."""
+    entry = ["-m", "energysweep.run", "--spec", str(spec_path)]
+    placement = Placement(layout, backend, gpus_per_node)
+    mode = placement.launch_mode
+    if mode == "direct":
+        if layout.dp == 1:
+            # One replica: one process; the engine spawns its tp*pp GPU workers itself.
+            return [python, *entry]
+        return [
+            python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(layout.dp),
+            "-m", "energysweep.launch.replica", "--replica-gpus", str(layout.ranks_per_replica),
+            "--spec", str(spec_path),
+        ]  # fmt: skip
+    if mode == "mpi":
+        return _mpi_argv(placement, backend, python, entry)
+    if layout.world_size == 1 and not BACKENDS[backend].torchrun_always:
+        # One process: no launcher; run.py sees WORLD_SIZE unset, i.e. 1.
+        return [python, *entry]
+    if placement.nodes == 1:
+        return [
+            python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(layout.world_size), *entry,
+        ]  # fmt: skip
+    return _multi_node_argv(placement, python, entry, slurm_job_id, head_node)
+
+
+def _mpi_argv(placement: Placement, backend: str, python: str, entry: list[str]) -> list[str]:
+    """``srun --mpi=pmix ... trtllm-llmapi-launch python -m energysweep.run`` (MPI ranks: tp*pp)."""
+    layout, nodes = placement.layout, placement.nodes
+    if placement.unsupported():
+        raise ValueError(
+            f"{backend} cannot run {layout} on nodes of {placement.gpus_per_node} GPUs"
+        )
+    # The launcher script of the same environment as the interpreter: rank 0 runs our
+    # entry point, the other MPI ranks serve as the engine's workers.
+    launcher = str(Path(python).with_name("trtllm-llmapi-launch"))
+    return [
+        "srun", "--mpi=pmix", "--nodes", str(nodes),
+        "--ntasks-per-node", str(layout.ranks_per_replica // nodes), "--kill-on-bad-exit=1",
+        launcher, python, *entry,
+    ]  # fmt: skip
+
+
+def _multi_node_argv(
+    placement: Placement,
+    python: str,
+    entry: list[str],
+    slurm_job_id: str | None,
+    head_node: str | None,
+) -> list[str]:
+    """One ``torchrun`` per node under ``srun``, c10d rendezvous on the head node."""
+    layout, nodes = placement.layout, placement.nodes
+    if placement.unsupported():
+        raise ValueError(f"{layout} ({layout.world_size} ranks) does not fill {nodes} nodes evenly")
+    if not slurm_job_id or not head_node:
+        raise ValueError("a multi-node layout needs a Slurm job id and head node")
+    per_node = layout.world_size // nodes
+    return [
+        "srun", "--nodes", str(nodes), "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{head_node}:{rendezvous_port(slurm_job_id)}",
+        "--rdzv-id", str(slurm_job_id), *entry,
+    ]  # fmt: skip
+
+
+def build_env(
+    layout: ParallelLayout,
+    base: dict | None = None,
+    threads: int | None = None,
+    backend: str = "pytorch",
+    slurm_job_id: str | None = None,
+    engine: dict | None = None,
+) -> dict:
+    """Environment for the job's processes.
+
+    ``threads`` is each rank's share of the job's cores (OMP_NUM_THREADS; the ranks also set
+    torch's thread count from it), so the ranks of a job never oversubscribe its cores.
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(backend_env(backend, slurm_job_id, engine))
+    # Checkpoints are local directories (config.check): never wait on the Hugging Face Hub.
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # CUDA then numbers GPUs as NVML does; GPUs are still resolved by UUID for energy.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["PYTHONUNBUFFERED"] = "1"
+    # Ranks import this very package, also under a conda env where it is not installed.
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(max(1, threads))
+    return env
+
+
+def head_node(nodelist: str) -> str:
+    """First host of a Slurm nodelist (``scontrol show hostnames``)."""
+    return expand_hostnames(nodelist)[0]

@@ -1,0 +1,216 @@
+"""Running one measure job: write its spec, start its processes, publish its outputs or nothing.
+
+The argv and environment come from :mod:`energysweep.launch.argv`; the processes are one unit
+(:mod:`energysweep.launch.procs`); the ranks write into a staging directory, published only when
+every process exited 0 (job.json last).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import Placement
+from energysweep.job.spec import launched, output_paths, restage
+from energysweep.launch import procs
+from energysweep.launch.argv import build_argv, build_env
+from energysweep.launch.slurm import job_nodes
+from energysweep.measure.provenance import code_version
+
+DEFAULT_LIMITS = {
+    # Defaults of config `limits:` (config/config.schema.yaml); the measure step passes the
+    # config's values.
+    "job_timeout_s": 21600.0,
+    "collective_timeout_s": 600.0,
+    "kill_grace_s": 10.0,
+}
+# Signals that stop a running job as a whole: Slurm's scancel and TIMEOUT (SIGTERM), Ctrl-C
+# (SIGINT), a closed terminal (SIGHUP).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class JobFailed(RuntimeError):
+    """A measure job did not complete; nothing of it was published."""
+
+
+class JobInterrupted(JobFailed):
+    """The measure step got a stop signal (scancel, Slurm TIMEOUT, Ctrl-C) while the job ran."""
+
+
+@contextlib.contextmanager
+def _stop_signals_raise():
+    """While the job runs, a stop signal raises :class:`JobInterrupted` (once) in this thread.
+
+    Yields a function that disarms it: once the job is being stopped, a signal must not
+    interrupt the teardown. Only the main thread can own signal handlers; elsewhere (a test
+    calling run_job from a thread) the signals keep their handlers.
+    """
+    armed = [True]
+
+    def disarm() -> None:
+        armed[0] = False
+
+    if threading.current_thread() is not threading.main_thread():
+        yield disarm
+        return
+
+    def handler(signum, _frame):
+        if armed[0]:
+            armed[0] = False
+            raise JobInterrupted(f"got {signal.Signals(signum).name}")
+
+    old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield disarm
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def run_job(
+    spec: dict,
+    spec_path: str | Path,
+    log,
+    cpus: int,
+    gpus_per_node: int,
+    timeout_s: float | None = None,
+    limits: dict | None = None,
+    python: str = sys.executable,
+) -> None:
+    """Write the spec, start the job's processes, and publish its outputs only if all succeeded.
+
+    ``python`` is the interpreter of the backend's environment (energysweep.sweep.interpreters): the
+    ranks, and torchrun itself, run in it.
+
+    The ranks write into a hidden staging directory next to the outputs; the files move to their
+    final names (job.json last) only after every process exited 0. A job that fails or is killed
+    (scancel, SIGKILL of a rank, node failure) therefore leaves no shard under a name that
+    aggregation reads.
+
+    The job's processes are one unit (energysweep.launch.procs): on a rank's failure, on the job
+    timeout, or on a stop signal to this process (SIGTERM from scancel or Slurm's TIMEOUT,
+    SIGINT from Ctrl-C), every one of them gets SIGTERM and, ``kill_grace_s`` later, SIGKILL;
+    then the staging directory is removed and :class:`JobFailed` says why.
+
+    Args:
+        limits: ``job_timeout_s``, ``collective_timeout_s`` and ``kill_grace_s`` (config
+            ``limits:``); missing keys take :data:`DEFAULT_LIMITS`. They are passed to the ranks
+            in the spec but are not part of its settings hash: a limit changes no measurement.
+        timeout_s: overrides ``limits["job_timeout_s"]``.
+
+    Raises:
+        JobFailed: the command exited non-zero, ran past the timeout, left outputs missing, or
+            the step was interrupted (:class:`JobInterrupted`).
+    """
+    limits = {**DEFAULT_LIMITS, **(limits or {})}
+    if timeout_s is not None:
+        limits["job_timeout_s"] = timeout_s
+    layout = ParallelLayout(spec["job"]["tp"], spec["job"]["pp"], spec["job"]["dp"])
+    placement = Placement(layout, spec["job"]["backend"], gpus_per_node)
+    # The code version is read where the job runs (energysweep.job.spec.launched).
+    spec = launched(spec, limits, code_version())
+    final = spec["outputs"]
+    base = Path(spec_path).resolve().parent
+    staging = base / f".staging-{spec['job_id']}"
+    spec["outputs"] = restage(final, staging, base)
+    slurm_id = os.environ.get("SLURM_JOB_ID")
+    head = _head_node(placement, slurm_id, log) if placement.multi_node else None
+    argv = build_argv(
+        layout,
+        spec["job"]["backend"],
+        str(spec_path),
+        gpus_per_node,
+        python=python,
+        slurm_job_id=slurm_id,
+        head_node=head,
+    )
+    spec["launch_argv"] = argv
+    base.mkdir(parents=True, exist_ok=True)
+    Path(spec_path).write_text(json.dumps(spec, indent=2))
+    ranks_here = layout.world_size // placement.nodes
+    env = build_env(
+        layout,
+        threads=cpus // max(1, ranks_here),
+        backend=spec["job"]["backend"],
+        slurm_job_id=slurm_id,
+        engine=spec.get("engine"),
+    )
+    what = f"job {spec['job']} ({spec_path})"
+    print("launch:", json.dumps(argv), file=log, flush=True)
+    try:
+        _run_as_unit(argv, env, log, spec["job_id"], limits, what)
+        _publish(spec["outputs"], final, what)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run_as_unit(argv: list[str], env: dict, log, job_id: str, limits: dict, what: str) -> None:
+    """Run the job's processes as one unit; stop every one of them however the run ends."""
+    proc = None
+    with _stop_signals_raise() as disarm:
+        try:
+            proc = procs.start(argv, env, log, job_id)
+            _wait(proc, float(limits["job_timeout_s"]), what, argv[0])
+        except JobInterrupted as exc:
+            raise JobInterrupted(
+                f"{what} interrupted ({exc}): stopped all its processes; nothing of it was "
+                "published"
+            ) from None
+        finally:
+            disarm()
+            # Also after a clean exit: a rank's helper or engine worker may linger.
+            procs.stop(proc, job_id, float(limits["kill_grace_s"]), log)
+
+
+def _head_node(placement: Placement, slurm_id: str | None, log) -> str:
+    """The first node of a multi-node job's Slurm allocation (its rendezvous host)."""
+    # From the job id: the jobstep plugin strips SLURM_JOB_NODELIST from mpi rules.
+    nodes = job_nodes()
+    print(f"nodes: {' '.join(nodes)}", file=log, flush=True)
+    if len(nodes) < placement.nodes:
+        raise RuntimeError(
+            f"{placement.layout} needs {placement.nodes} nodes; Slurm job "
+            f"{slurm_id} has {len(nodes)}: {nodes}"
+        )
+    return nodes[0]
+
+
+def _wait(proc, timeout: float, what: str, program: str) -> None:
+    """Wait for the job's processes; JobFailed if they run past ``timeout`` or exit non-zero."""
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise JobFailed(
+            f"{what} ran longer than limits.job_timeout_s={timeout:g} s: stopped all "
+            "its processes; nothing of it was published"
+        ) from None
+    if rc != 0:
+        raise JobFailed(
+            f"{what} failed: {program} exited {rc} (the ranks' errors are above); "
+            "nothing of it was published"
+        )
+
+
+def _publish(staged_outputs, final_outputs, what: str) -> None:
+    """Move the staged outputs to their final names, job.json last (it marks a complete job)."""
+    staged, targets = output_paths(staged_outputs), output_paths(final_outputs)
+    missing = [s for s in staged if not Path(s).exists()]
+    if missing:
+        raise JobFailed(f"{what} exited 0 but did not write {missing}")
+    pairs = sorted(zip(staged, targets, strict=True), key=lambda st: st[1].endswith("job.json"))
+    # A stop signal now would leave some outputs published and not others: hold it until done.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for src, dst in pairs:
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

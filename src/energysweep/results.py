@@ -1,0 +1,99 @@
+"""A sweep's published results: merged shards, summary, verdicts, written all or nothing.
+
+The stages run in data-flow order: :mod:`energysweep.aggregate` merges every job's table and
+summarises the points, :mod:`energysweep.validity` adds the verdict, the re-check and the
+stage table, then :func:`energysweep.aggregate.publish.publish` writes every output (temp names,
+then renames). This is the one module that calls both stages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from energysweep.aggregate import (
+    environment_table,
+    load_job_records,
+    merge,
+    nulls,
+    summarize,
+    windows,
+)
+from energysweep.aggregate.publish import publish
+from energysweep.aggregate.windows import WINDOW_COLUMNS
+from energysweep.validity import verdict
+
+# Every summary column's null policy: the aggregate's and the verdict's.
+NULL_STATUS: dict[str, tuple[str, ...]] = {**nulls.NULL_STATUS, **verdict.NULL_STATUS}
+INFO_COLUMNS = nulls.INFO_COLUMNS | verdict.INFO_COLUMNS
+
+
+def unexplained_nulls(summary: pd.DataFrame) -> list[str]:
+    """``column[row]`` for every null in a published summary that no status column explains."""
+    return nulls.unexplained_nulls(summary, NULL_STATUS, INFO_COLUMNS)
+
+
+def aggregate(
+    paths: list[str | Path],
+    energy_out: str | Path,
+    summary_out: str | Path,
+    jobs: list[str | Path] | None = None,
+    environment_out: str | Path | None = None,
+    snakemake_args: list[str] | None = None,
+    validation_out: str | Path | None = None,
+    stages_out: str | Path | None = None,
+    validity_config: dict | None = None,
+) -> None:
+    """Merge shards or job tables (``paths``; same schema) into ``energy_out`` (a hive-partitioned
+    Parquet dataset, see
+    :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
+
+    With ``jobs`` (job.json paths), every job table is verified against its job.json first
+    (:func:`merge`); with ``environment_out`` too, also write the environment table. With
+    ``validation_out``/``stages_out``, also re-check every window against the jobs' power
+    timelines, write the validation table and the per-stage table, and add the validity verdict
+    to the summary (energysweep.validity; thresholds ``validity_config``).
+
+    All or nothing: everything is read, checked and computed before the first write; each
+    output is written to a temp name beside it, and only when all are written are they renamed
+    into place. A failed merge (a bad job table, a full disk) leaves the previous outputs as
+    they were and no partial file under an output's name.
+
+    Raises:
+        MergeInputError: a job table or job.json is missing, unreadable, or disagrees with its
+            job.json; the message names each, its job, and the command that reruns it.
+    """
+    import pyarrow.parquet as pq
+
+    records = load_job_records(jobs, snakemake_args) if jobs is not None else None
+    table = merge(paths, records, snakemake_args)
+    summary = summarize(windows(table.select(WINDOW_COLUMNS).to_pandas()))
+    validation = stages = None
+    if validation_out is not None or stages_out is not None:
+        summary, validation, stages = verdict.evaluate(
+            summary,
+            table.select(verdict.ROW_COLUMNS).to_pandas(),
+            jobs or [],
+            validity_config,
+        )
+    # (output path, writer of a temp file beside it), in publishing order.
+    files: list[tuple[Path, object]] = [
+        (Path(summary_out), lambda tmp: summary.to_csv(tmp, index=False)),
+    ]
+    if jobs is not None and environment_out is not None:
+        env = pa.Table.from_pandas(environment_table(jobs, records), preserve_index=False)
+        files.append((Path(environment_out), lambda tmp: pq.write_table(env, tmp)))
+    if validation_out is not None:
+        files.append(
+            (
+                Path(validation_out),
+                lambda tmp: pq.write_table(
+                    pa.Table.from_pandas(validation, preserve_index=False), tmp
+                ),
+            )
+        )
+    if stages_out is not None:
+        files.append((Path(stages_out), lambda tmp: stages.to_csv(tmp, index=False)))
+    publish(table, energy_out, files)

@@ -48,7 +48,9 @@ NODES=1
 readonly MARKER="# Managed by energysweep cluster/slurm-local.sh"
 # libpmix-dev: Debian's mpi/pmix plugin dlopens pmix2/lib/libpmix.so (the -dev symlink); without it
 # `srun --mpi=pmix` (TensorRT-LLM's multi-node launch) fails with "can not load PMIx library".
-readonly PACKAGES=(slurm-wlm munge slurmdbd mariadb-server libpmix-dev)
+# iproute2: `ip` builds the multi-node cluster's bridge, veths and namespaces (not in every base
+# image).
+readonly PACKAGES=(slurm-wlm munge slurmdbd mariadb-server libpmix-dev iproute2)
 readonly BINARIES=(munged mungekey munge unmunge mariadbd mariadb mariadb-install-db slurmdbd
     slurmctld slurmd sinfo squeue scontrol sacctmgr sacct sbatch scancel)
 # Start order; `down` stops in reverse.
@@ -623,14 +625,23 @@ cmd_check() {
     fi
     rm -rf "$probe"
     if ((NODES > 1)); then
-        for bin in ip nsenter unshare; do
+        for bin in nsenter unshare; do
             command -v "$bin" >/dev/null 2>&1 || {
-                echo "--nodes needs $bin (iproute2, util-linux)"
+                echo "--nodes needs $bin (util-linux)"
                 return 1
             }
         done
+        # `ip` comes with iproute2, which `up` installs when apt-get is there.
+        local probe_cmd=(ip link add estest0 type bridge)
+        if ! command -v ip >/dev/null 2>&1; then
+            command -v apt-get >/dev/null 2>&1 || {
+                echo "--nodes needs ip (iproute2) and there is no apt-get to install it"
+                return 1
+            }
+            probe_cmd=(true)
+        fi
         # CAP_SYS_ADMIN + CAP_NET_ADMIN: a container needs --privileged.
-        if ! unshare --net --mount --uts -- ip link add estest0 type bridge 2>/dev/null; then
+        if ! unshare --net --mount --uts -- "${probe_cmd[@]}" 2>/dev/null; then
             echo "cannot create network namespaces and bridges here (needs CAP_SYS_ADMIN and" \
                 "CAP_NET_ADMIN; a container needs --privileged)"
             return 1

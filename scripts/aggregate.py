@@ -5,12 +5,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
-from energysweep.aggregate import job_table_paths  # noqa: E402
-from energysweep.results import aggregate  # noqa: E402
 from energysweep.util.steplog import snakemake_options, step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
+    from energysweep.aggregate import job_table_paths
+    from energysweep.results import aggregate
+
     jobs = list(sm.input.jobs)
     # A bad job table's error says how to rerun its job, with this run's profile and config.
     rerun_args = snakemake_options() or ["--profile", "profiles/local"]

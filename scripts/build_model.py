@@ -5,11 +5,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
-from energysweep.sweep.tinymodel import DEFAULT_SPEC, build_tiny_model  # noqa: E402
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
+    from energysweep.sweep.tinymodel import DEFAULT_SPEC, build_tiny_model
+
     spec = {**DEFAULT_SPEC, **sm.params.spec}
     print("building tiny model with spec", spec)
     build_tiny_model(sm.output[0], spec)

@@ -5,12 +5,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
-from energysweep.job.spec import JobDir, JobSpec  # noqa: E402
-from energysweep.launch.job import run_job  # noqa: E402
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule) as log:
+    from energysweep.job.spec import JobDir, JobSpec
+    from energysweep.launch.job import run_job
+
     spec = JobSpec.from_dict(dict(sm.params.spec))
     job_dir = JobDir(str(Path(sm.output.job).parent))
     outputs = job_dir.outputs(spec.batch_sizes, spec.workload["repetitions"])

@@ -6,12 +6,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
-from energysweep.hw import nvml as hw_nvml  # noqa: E402
 from energysweep.util.steplog import step_log  # noqa: E402
-from energysweep.validity import preflight  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
+    from energysweep.hw import nvml as hw_nvml
+    from energysweep.validity import preflight
+
     report = preflight.run(
         require=sm.params.require,
         max_idle_std_w=sm.params.max_idle_std_w,

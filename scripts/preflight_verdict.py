@@ -7,10 +7,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
 from energysweep.util.steplog import step_log, to_console  # noqa: E402
-from energysweep.validity import preflight  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
+    from energysweep.validity import preflight
+
     reports = [json.loads(Path(p).read_text()) for p in sm.input]
     text = preflight.verdict(reports)
     print(text)

@@ -3,14 +3,14 @@
 import sys
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
+    import yaml
+
     record = {
         "config_hash": sm.params.config_hash,
         "code_version": sm.params.code_version,

@@ -118,7 +118,7 @@ def test_env(slurm: bool = False) -> dict:
     ``scontrol show config``: with Slurm's client tools installed but no controller answering,
     that waits ~9 s; with no slurm.conf it asks DNS for ``_slurmctld._tcp`` (traffic off the
     machine). A run that uses no Slurm points scontrol at an empty config: it fails in
-    milliseconds, offline (see README, "Snakemake start-up and Slurm").
+    milliseconds, offline (see docs/cluster-admins.md, "Snakemake start-up and Slurm").
     """
     env = dict(os.environ)
     if slurm:

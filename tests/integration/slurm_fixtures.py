@@ -86,6 +86,22 @@ def running_nodes() -> int | None:
     return None
 
 
+def in_ci() -> bool:
+    """CI sets CI=true (GitHub Actions, GitLab, ... and `.ci/run`)."""
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def cannot_start(reason: str) -> None:
+    """A cluster that cannot start here: a skip on a developer's machine, a failure in CI.
+
+    In CI the Slurm tests are part of what is checked: a machine where the cluster cannot start
+    must turn the run red, never green with 13 tests skipped.
+    """
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: the Slurm tests must run in CI)", pytrace=False)
+    pytest.skip(reason)
+
+
 class ClusterSwitch:
     """Brings up the cluster mode a test needs; remembers what the session found."""
 
@@ -106,7 +122,7 @@ class ClusterSwitch:
         if nodes not in self.checked:
             check = run_script("check", QUICK_TIMEOUT_S, "--nodes", str(nodes))
             if check.returncode != 0:
-                pytest.skip(f"no local Slurm cluster: {(check.stdout + check.stderr).strip()}")
+                cannot_start(f"no local Slurm cluster: {(check.stdout + check.stderr).strip()}")
             self.checked.add(nodes)
         if self.current == nodes:
             return

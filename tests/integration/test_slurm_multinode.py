@@ -7,7 +7,9 @@ bridge); ranks are CPU processes talking gloo across the bridge. The sweep runs 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -16,12 +18,17 @@ import pandas as pd
 import pytest
 import yaml
 
+from energysweep.launch import procs
+
 from conftest import test_env, workflow_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 SLURM = ["--profile", "profiles/slurm", "--profile", "profiles/slurm-ci"]
 RUN_TIMEOUT_S = 900
+# limits.collective_timeout_s of these sweeps: a job whose rank died must fail well before it (a
+# peer that waited out a collective instead would take at least this long).
+COLLECTIVE_TIMEOUT_S = 180
 # Tiny on purpose (2 cores for every rank of every node): one repetition, short windows, no idle
 # baseline or cooldown. Two iterations at batch size 2 record prompts 0-3 in the batches [0,1] and
 # [2,3], exactly the two dp2 replicas' batches; batch size 4 gives the global batch of dp2 x 2.
@@ -35,6 +42,7 @@ TINY = {
         "cooldown_s": 0.0,
         "prefill_pass": False,
     },
+    "limits": {"collective_timeout_s": COLLECTIVE_TIMEOUT_S},
 }
 # gpus_per_node 1: tp2, pp2, dp2 each span 2 nodes with one rank per node; the cross product's
 # tp1·pp1·dp1 runs on one node in the same sweep: the single-process reference.
@@ -385,18 +393,34 @@ def sacct_all() -> list[str]:
     return out.split()
 
 
-def job_processes(marker: str) -> list[str]:
-    """Live processes (any namespace: nodes share this pid namespace) whose command line names
-    ``marker``, as "pid cmdline"."""
+def job_mark(job_dir: Path) -> str | None:
+    """The job's process mark (its job id, ENERGYSWEEP_JOB_MARK), from the launcher's spec file."""
+    spec = job_dir / ".spec.json"
+    try:
+        return json.loads(spec.read_text())["job_id"]
+    except (OSError, ValueError, KeyError):
+        return None  # not written yet, or being written
+
+
+def job_processes(mark: str) -> list[str]:
+    """Live processes carrying the job's mark, on any node (the nodes share this pid namespace),
+    as "pid cmdline". The mark is inherited by every process of the job (ranks, torchrun, srun's
+    tasks on the other node, engine workers), whatever its command line says."""
     found = []
-    for proc in Path("/proc").glob("[0-9]*"):
+    for pid in procs.marked(mark):
         try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if marker in cmd and "pytest" not in cmd:
-            found.append(f"{proc.name} {cmd[:200]}")
+        found.append(f"{pid} {cmd[:200]}")
     return found
+
+
+def slurm_elapsed_s(elapsed: str) -> int:
+    """sacct's Elapsed ([D-]HH:MM:SS) in seconds."""
+    days, _, hms = elapsed.rpartition("-")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 300)
@@ -424,19 +448,31 @@ def test_rank_killed_on_second_node_fails_job_cleanly_and_rerun_completes(
     env["ENERGYSWEEP_TEST_FAULT"] = json.dumps(
         {"rank": 1, "batch_size": 2, "action": "kill", "scenario": "inference"}
     )
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        ["timeout", "-k", "20", str(RUN_TIMEOUT_S), "snakemake", *SLURM, cfg, "--retries", "0"],
+    job_dir = (
+        wf / "results" / "shards" / "model~tiny-llama" / "backend~pytorch"
+        / "scenario~inference" / "tp~1" / "pp~1" / "dp~2"
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        ["timeout", "-k", "20", str(RUN_TIMEOUT_S), "snakemake", *SLURM, cfg],
         cwd=wf,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=RUN_TIMEOUT_S + 60,
     )
-    elapsed = time.monotonic() - t0
-    assert proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
-    assert elapsed < RUN_TIMEOUT_S - 60, f"no hang expected; took {elapsed:.0f}s"
-    job_dir = next((wf / "results" / "shards").rglob("dp~2"))
+    # While the job runs, the leftover check below must see its processes on both nodes (so it
+    # can fire): poll the processes carrying the job's mark. Each node is a UTS namespace.
+    mark, seen_nodes = None, set()
+    while proc.poll() is None:
+        mark = mark or job_mark(job_dir)
+        for pid in procs.marked(mark) if mark else ():
+            with contextlib.suppress(OSError):
+                seen_nodes.add(os.readlink(f"/proc/{pid}/ns/uts"))
+        time.sleep(0.2)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0, out[-3000:]
+    assert mark, "the launcher never wrote the job's spec (no mark to look for)"
+    assert len(seen_nodes) >= 2, f"the job's processes were seen on {len(seen_nodes)} node(s)"
     # Nothing published: no shard, job table or job.json under a final name.
     assert not list(job_dir.glob("bs~*/rep~*.parquet")) and not (job_dir / "job.json").exists()
     assert not (job_dir / "shards.parquet").exists()
@@ -452,7 +488,7 @@ def test_rank_killed_on_second_node_fails_job_cleanly_and_rerun_completes(
             "-S",
             "now-30minutes",
             "-o",
-            "JobID,Comment%100,State,NodeList",
+            "JobID,Comment%100,State,NodeList,Elapsed",
         ],
         capture_output=True,
         text=True,
@@ -461,10 +497,12 @@ def test_rank_killed_on_second_node_fails_job_cleanly_and_rerun_completes(
     ).stdout
     mine = [line.split("|") for line in failed.splitlines() if "inference_1_1_2" in line]
     assert mine and mine[-1][2] == "FAILED" and mine[-1][3] == "esnode[1-2]", failed
+    # No hang: the killed rank fails the job at once, not after a collective timed out.
+    assert slurm_elapsed_s(mine[-1][4]) < COLLECTIVE_TIMEOUT_S, mine[-1]
     deadline = time.monotonic() + 30
-    while job_processes(str(job_dir)) and time.monotonic() < deadline:
+    while job_processes(mark) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not job_processes(str(job_dir)), job_processes(str(job_dir))
+    assert not job_processes(mark), job_processes(mark)
 
     # The rerun without the fault completes and publishes every shard.
     rerun = subprocess.run(

@@ -233,7 +233,8 @@ def test_job_over_its_runtime_is_retried_with_more(slurm_cluster, tmp_path):
     since = now()
     # 1 minute on the first attempt, 5 on the retry (Slurm kills a 1-minute job 60-90 s in; the
     # retry's ~2 minutes of work keep a margin while other tests load the 2 cores: pytest -n 2).
-    proc = snakemake(wf, cfg, "--set-resources", "measure:runtime=4*attempt-3")
+    # profiles/slurm-ci turns retries off for every other test: this one needs its retry.
+    proc = snakemake(wf, cfg, "--set-resources", "measure:runtime=4*attempt-3", "--retries", "1")
     assert proc.returncode == 0, proc.stderr[-5000:]
     jobs = rule_jobs(since, "measure")
     states = jobs["state"].str.split().str[0].tolist()

@@ -107,6 +107,29 @@ def test_generate_left_padded_is_deterministic(model_dir):
     assert torch.equal(run(AutoModelForCausalLM.from_pretrained(model_dir).eval()), first)
 
 
+def test_greedy_outputs_differ_across_prompts(model_dir):
+    """Different prompts give different tokens: otherwise a prompt-routing bug (dp shards, the
+    serving path) would pass every token-equality test unseen."""
+    from energysweep.scenarios.prompts import load_prompts
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts = load_prompts()[:16]
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(
+            **batch, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+    rows = {tuple(r) for r in out[:, batch["input_ids"].shape[1] :].tolist()}
+    assert len(rows) >= 3 * len(prompts) // 4, (
+        f"{len(rows)} distinct outputs for {len(prompts)} prompts"
+    )
+    # The first generated token alone already tells many prompts apart (15 distinct outputs and
+    # 11 distinct first tokens for these 16 prompts, seed 0).
+    assert len({r[0] for r in rows}) >= 6
+
+
 def test_does_not_disturb_global_rng(tmp_path):
     torch.manual_seed(123)
     expected = torch.rand(3)

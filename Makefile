@@ -43,7 +43,7 @@ endef
 # Writes the stamp $(1)/.installed-<hash> (removing older ones) and energysweep-env.json, read by
 # energysweep's environment snapshot (which lock, its sha256).
 define write_stamp
-	@rm -f $(1)/.installed-*
+	@rm -f $(1)/.installed $(1)/.installed-*
 	@printf '{"lock": "%s", "lock_sha256": "%s"}\n' "$(2)" "$$(sha256sum $(2) | cut -d' ' -f1)" \
 		> $(1)/energysweep-env.json
 	@touch $(3)

@@ -90,7 +90,8 @@ def test_stamps_follow_content_not_file_times_and_a_linked_venv_is_never_install
     for name in ("pyproject.toml", "envs/venv.lock"):
         os.utime(root / name)
     dry = make(root, "-n", "venv")
-    assert dry.returncode == 0 and dry.stdout.strip() == "", dry.stdout + dry.stderr
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.strip() == "make: Nothing to be done for 'venv'.", dry.stdout
     # Other content: the stamp is another one; the linked environment is refused, not touched.
     lock = root / "envs" / "venv.lock"
     lock.write_text(lock.read_text() + "\n")

@@ -56,8 +56,11 @@ def _cmdline(pid: int) -> str:
 
 
 def marked_processes(pids: list[int]) -> list[str]:
-    return [f"process {pid} of a job ({_cmdline(pid)})" for pid in pids
-            if any(v.startswith(MARK) for v in _read(f"/proc/{pid}/environ").split(b"\0"))]
+    return [
+        f"process {pid} of a job ({_cmdline(pid)})"
+        for pid in pids
+        if any(v.startswith(MARK) for v in _read(f"/proc/{pid}/environ").split(b"\0"))
+    ]
 
 
 def shm_in_use(pids: list[int]) -> set[str]:
@@ -67,7 +70,7 @@ def shm_in_use(pids: list[int]) -> set[str]:
         for line in _read(f"/proc/{pid}/maps").decode(errors="replace").splitlines():
             path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
             if path.startswith("/dev/shm/"):
-                used.add(path[len("/dev/shm/"):].removesuffix(" (deleted)"))
+                used.add(path[len("/dev/shm/") :].removesuffix(" (deleted)"))
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -78,7 +81,7 @@ def shm_in_use(pids: list[int]) -> set[str]:
             except OSError:
                 continue
             if target.startswith("/dev/shm/"):
-                used.add(target[len("/dev/shm/"):])
+                used.add(target[len("/dev/shm/") :])
     return used
 
 
@@ -87,8 +90,10 @@ def segments(before: set[str], pids: list[int]) -> list[str]:
     left = []
     for name in sorted(os.listdir(SHM)):
         if ENGINE_SEGMENT.search(name):
-            left.append(f"engine segment /dev/shm/{name}"
-                        + (" (still mapped by a live process)" if name in used else ""))
+            left.append(
+                f"engine segment /dev/shm/{name}"
+                + (" (still mapped by a live process)" if name in used else "")
+            )
         elif name not in before and name not in used:
             left.append(f"/dev/shm/{name}: created since the snapshot, no live process uses it")
     return left
@@ -100,8 +105,11 @@ def temp_dirs() -> list[str]:
 
 
 def slurm(pids: list[int]) -> list[str]:
-    left = [f"Slurm daemon {pid} ({_cmdline(pid)})" for pid in pids
-            if _read(f"/proc/{pid}/comm").decode().strip() in SLURM_DAEMONS]
+    left = [
+        f"Slurm daemon {pid} ({_cmdline(pid)})"
+        for pid in pids
+        if _read(f"/proc/{pid}/comm").decode().strip() in SLURM_DAEMONS
+    ]
     for pidfile in sorted(SLURM_STATE.glob("*.pid")) if SLURM_STATE.is_dir() else []:
         text = _read(str(pidfile)).decode().strip()
         if text.isdigit() and int(text) in pids:
@@ -112,12 +120,16 @@ def slurm(pids: list[int]) -> list[str]:
 def network() -> list[str]:
     left = []
     try:
-        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
-    left += [f"network namespace {line.split()[0]}" for line in out.splitlines()
-             if line.startswith("esnode")]
+    left += [
+        f"network namespace {line.split()[0]}"
+        for line in out.splitlines()
+        if line.startswith("esnode")
+    ]
     links = os.listdir("/sys/class/net") if os.path.isdir("/sys/class/net") else []
     left += [f"network link {n}" for n in sorted(links) if n == "esbr0" or n.startswith("esveth")]
     return left
@@ -135,8 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     before = set(args.before.read_text().split()) if args.before else set(os.listdir(SHM))
     pids = live_pids()
-    left = [*marked_processes(pids), *segments(before, pids), *temp_dirs(), *slurm(pids),
-            *network()]
+    left = [
+        *marked_processes(pids),
+        *segments(before, pids),
+        *temp_dirs(),
+        *slurm(pids),
+        *network(),
+    ]
     for item in left:
         print(f"leftover: {item}", file=sys.stderr)
     print(f"leftovers after the run: {len(left)}")

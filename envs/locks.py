@@ -167,11 +167,15 @@ def mismatches(lock: Lock, root: Path = ROOT) -> list[str]:
         if name not in pinned:
             problems.append(f"{lock.path}: {raw!r} ({lock.inputs}) is not in the lock")
         elif not req.specifier.contains(Version(pinned[name]), prereleases=True):
-            problems.append(f"{lock.path}: {raw!r} ({lock.inputs}) does not admit the locked "
-                            f"{name}=={pinned[name]}")
+            problems.append(
+                f"{lock.path}: {raw!r} ({lock.inputs}) does not admit the locked "
+                f"{name}=={pinned[name]}"
+            )
     for name in sorted(direct(text, lock) - wanted):
-        problems.append(f"{lock.path}: {name} is locked as a requirement of {lock.inputs}, "
-                        "which no longer asks for it")
+        problems.append(
+            f"{lock.path}: {name} is locked as a requirement of {lock.inputs}, "
+            "which no longer asks for it"
+        )
     for name in lock.left_out:
         if name in pinned:
             problems.append(f"{lock.path}: {name} must be left out (it breaks the engine)")
@@ -180,10 +184,13 @@ def mismatches(lock: Lock, root: Path = ROOT) -> list[str]:
 
 def installed(python: str) -> dict[str, str]:
     """``{normalized name: version}`` of the distributions in ``python``'s environment."""
-    code = ("import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: "
-            "d.version for d in m.distributions()}))")
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120).stdout
+    code = (
+        "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: "
+        "d.version for d in m.distributions()}))"
+    )
+    out = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     from packaging.utils import canonicalize_name
 
     return {canonicalize_name(k): v for k, v in json.loads(out).items()}
@@ -194,8 +201,11 @@ def differences(lock: Lock, python: str, root: Path = ROOT) -> list[str]:
     want, have = pins((root / lock.path).read_text()), installed(python)
     for name in ("pip", "energysweep"):
         have.pop(name, None)
-    return [f"{name}: locked {want.get(name)}, installed {have.get(name)}"
-            for name in sorted(set(want) | set(have)) if want.get(name) != have.get(name)]
+    return [
+        f"{name}: locked {want.get(name)}, installed {have.get(name)}"
+        for name in sorted(set(want) | set(have))
+        if want.get(name) != have.get(name)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(p, file=sys.stderr)
         if problems:
-            print("the locks no longer match their inputs: run `make lock` and commit envs/*.lock",
-                  file=sys.stderr)
+            print(
+                "the locks no longer match their inputs: run `make lock` and commit envs/*.lock",
+                file=sys.stderr,
+            )
             return 1
         print(f"{len(LOCKS)} locks match their inputs")
         return 0

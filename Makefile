@@ -18,7 +18,8 @@ SNAKEMAKE := $(BIN)/snakemake
 # file times (a fresh clone, a checkout, a touch): its stamp is named by a hash of the lock (and,
 # for .venv, of pyproject.toml: the project is installed editable). The stamp also records the
 # lock's hash for the environment snapshot of every job (energysweep-env.json in the
-# environment; results/environment.parquet, column env_lock_sha256).
+# environment; results/environment.parquet, column env_lock_sha256). A rebuild starts from an
+# empty environment (venv --clear), so nothing of an older lock stays installed.
 content_hash = $(shell cat $(1) 2>/dev/null | sha256sum | cut -c1-16)
 LOCK_PYTHON := 3.11
 
@@ -51,7 +52,7 @@ endef
 
 $(STAMP):
 	$(call check_env_dir,$(VENV),$(VENV_LOCK))
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(VENV_LOCK)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(call write_stamp,$(VENV),$(VENV_LOCK),$@)
@@ -83,7 +84,7 @@ $(VLLM_STAMP):
 	$(call check_env_dir,$(VLLM_VENV),$(VLLM_LOCK))
 	@set -euo pipefail; start=$$(date +%s); \
 	echo "building $(VLLM_VENV) from $(VLLM_LOCK)"; \
-	$(PYTHON) -m venv $(VLLM_VENV); \
+	$(PYTHON) -m venv --clear $(VLLM_VENV); \
 	$(VLLM_BIN)/pip install --quiet --require-hashes --no-deps -r $(VLLM_LOCK); \
 	$(VLLM_BIN)/python -c "import vllm, torch; from vllm import LLM; \
 		print('vllm', vllm.__version__, 'torch', torch.__version__)"; \

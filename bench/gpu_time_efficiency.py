@@ -9,15 +9,18 @@ included), and the two fractions window_s / rank0_wall_s (job.json's timing.wind
 window_s / job wall.
 
     python bench/gpu_time_efficiency.py         # the default sweep: about 1-2 min on 2 cores
+    python bench/gpu_time_efficiency.py --quick # one PyTorch job, one window: the test suite's run
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import tempfile
 from pathlib import Path
 
+import yaml
 from _common import (
     VENV_BIN,
     add_benchmark_directive,
@@ -28,17 +31,29 @@ from _common import (
     workflow_copy,
 )
 
+QUICK = {  # one job, one window: the same path as the default sweep, in seconds
+    "backends": ["pytorch"],
+    "scenarios": ["inference"],
+    "parallel": {"tp": [1], "pp": [1], "dp": [1]},
+    "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1},
+    "measurement": {"min_window_s": 0, "idle_baseline_s": 0, "cooldown_s": 0},
+}
+
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one PyTorch job instead of the sweep")
+    args = ap.parse_args()
     print(f"machine: {machine()}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-efficiency-") as tmp:
         wf = workflow_copy(Path(tmp) / "wf")
         add_benchmark_directive(wf)
-        run = check(
-            timed([str(VENV_BIN / "snakemake"), "--profile", "profiles/local"], wf, timeout_s=1800),
-            "default sweep",
-        )
+        argv = [str(VENV_BIN / "snakemake"), "--profile", "profiles/local"]
+        if args.quick:
+            (wf / "config" / "quick.yaml").write_text(yaml.safe_dump(QUICK))
+            argv += ["--configfile", "config/quick.yaml"]
+        run = check(timed(argv, wf, timeout_s=1800), "default sweep")
         for record in sorted((wf / "results" / "shards").rglob("job.json")):
             job_dir = record.parent.relative_to(wf).as_posix()
             timing = json.loads(record.read_text())["timing"]
@@ -59,7 +74,8 @@ def main() -> None:
     rank = sum(t["rank0_wall_s"] for _, t, _ in rows)
     job = sum(s for _, _, s in rows)
     print(
-        f"gpu_time_efficiency (default grid, {len(rows)} jobs): windows / job wall = "
+        f"gpu_time_efficiency ({'quick' if args.quick else 'default'} grid, {len(rows)} jobs): "
+        f"windows / job wall = "
         f"{win / job:.2f} (windows / rank-0 wall = {win / rank:.2f}); "
         f"per job " + ", ".join(f"{t['window_s'] / s:.2f}" for _, t, s in rows)
     )

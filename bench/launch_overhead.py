@@ -15,6 +15,8 @@ Work floor (context): what any job must do on top, started the way our job is (p
 and tokenizer. Overhead over it is what the pipeline itself adds.
 
     python bench/launch_overhead.py             # about 2.5 min on 2 cores (--repeats 2: 4.5)
+    python bench/launch_overhead.py --quick     # the 1-rank job only, its first (cold) run: the
+                                                # test suite's run
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ if dist.is_initialized():
 LAYOUT_DP = [1, 2]  # 1 rank and 2 ranks (data parallel; the tiny model has 4 heads, 4 layers)
 CONFIG = {
     "models": [{"name": "tiny-llama", "path": "builtin:tiny"}],
+    "backends": ["pytorch"],
     "parallel": {"tp": [1], "pp": [1], "dp": LAYOUT_DP, "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1, "warmup_iterations": 0},
     "measurement": {
@@ -71,7 +74,12 @@ def job_dir(dp: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1, help="runs per side and layout (min kept)")
+    ap.add_argument(
+        "--quick", action="store_true", help="the 1-rank layout only, measured on its first run"
+    )
     args = ap.parse_args()
+    layouts = LAYOUT_DP[:1] if args.quick else LAYOUT_DP
+    config = {**CONFIG, "parallel": {**CONFIG["parallel"], "dp": layouts}}
     snakemake = [
         str(VENV_BIN / "snakemake"),
         "--profile",
@@ -86,21 +94,22 @@ def main() -> None:
         tmp = Path(tmp)
         wf = workflow_copy(tmp / "wf")
         add_benchmark_directive(wf)
-        (wf / "config" / "bench.yaml").write_text(yaml.safe_dump(CONFIG))
+        (wf / "config" / "bench.yaml").write_text(yaml.safe_dump(config))
         noop = tmp / "noop.py"
         noop.write_text("")
         minimal = tmp / "minimal_rank.py"
         minimal.write_text(MINIMAL_RANK)
         model_dir = str(wf / "resources" / "models" / "tiny-llama")
         # Untimed: build the tiny model, and run each job once so every cache is warm.
-        targets = [f"{job_dir(dp)}/job.json" for dp in LAYOUT_DP]
+        targets = [f"{job_dir(dp)}/job.json" for dp in layouts]
         check(timed([*snakemake, *targets], wf), "first run")
-        for dp in LAYOUT_DP:
+        for dp in layouts:
             ranks = dp
             ours, floor, work = [], [], []
             for _ in range(args.repeats):
                 target = f"{job_dir(dp)}/job.json"
-                check(timed([*snakemake, "--forcerun", "measure", target], wf), f"dp={dp}")
+                if not args.quick:  # quick: the first run's (cold) job is the one measured
+                    check(timed([*snakemake, "--forcerun", "measure", target], wf), f"dp={dp}")
                 with open(wf / benchmark_path(job_dir(dp))) as f:
                     job_s = float(next(csv.DictReader(f, delimiter="\t"))["s"])
                 timing = json.loads((wf / target).read_text())["timing"]

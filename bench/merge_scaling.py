@@ -25,6 +25,7 @@ RSS. The figure is naive / ours (how many times faster we are).
     python bench/merge_scaling.py                 # 10,000 shards (about 2.5 min on 2 cores,
                                                   # most of it the naive side)
     python bench/merge_scaling.py --shards 2000   # about 30 s
+    python bench/merge_scaling.py --quick         # 120 shards: the test suite's run
 """
 
 from __future__ import annotations
@@ -275,6 +276,7 @@ def run_side(side: str, listing: Path, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shards", type=int, default=10_000)
+    ap.add_argument("--quick", action="store_true", help="120 shards: the test suite's run")
     ap.add_argument("--child", choices=["ours", "naive", "floor", "per-shard"])
     ap.add_argument("--listing", type=Path)
     ap.add_argument("--out", type=Path)
@@ -282,6 +284,8 @@ def main() -> None:
     if args.child:
         child(args.child, args.listing, args.out)
         return
+    if args.quick:
+        args.shards = 120
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="bench-merge-") as tmp:
         tmp = Path(tmp)

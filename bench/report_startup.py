@@ -9,6 +9,7 @@ workflow copy with a one-job sweep; the figure is the mean CPU and wall seconds 
 
     python bench/report_startup.py              # ~2 min on 2 cores (one job, then 3 rounds)
     python bench/report_startup.py --rounds 5
+    python bench/report_startup.py --quick      # one round, one window: the test suite's run
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from _common import VENV_BIN, check, machine, timed, workflow_copy
 
 SWEEP = {  # one small job: what is timed is the start-up, not the sweep
+    "backends": ["pytorch"],
     "scenarios": ["inference"],
     "parallel": {"tp": [1], "pp": [1], "dp": [1], "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [1, 4], "repetitions": 2, "iterations": 1},
@@ -32,7 +34,12 @@ FORCE = ["--forcerun", "figures", "report_pages"]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one round of a one-window sweep")
     args = ap.parse_args()
+    sweep = SWEEP
+    if args.quick:
+        args.rounds = 1
+        sweep = {**SWEEP, "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1}}
     snakemake = [
         str(VENV_BIN / "snakemake"),
         "--profile",
@@ -42,7 +49,7 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         wf = workflow_copy(Path(tmp) / "wf")
-        (wf / "config" / "bench.yaml").write_text(yaml.safe_dump(SWEEP))
+        (wf / "config" / "bench.yaml").write_text(yaml.safe_dump(sweep))
         check(
             timed(
                 [*snakemake, "--report", "results/report.html", "--report-after-run"],

@@ -14,6 +14,7 @@ tests/ (same call pattern, no driver latency), and the output says so. On a shar
 machine trial-to-trial noise can exceed 0.5%; read the per-trial spread printed with the ratio.
 
 Usage: python bench/sampler_overhead.py [--hz 10] [--trials 10] [--seconds 2] [--device auto]
+       python bench/sampler_overhead.py --quick   # 1 trial pair of 0.2 s: the test suite's run
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="length of one trial")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
+    parser.add_argument("--quick", action="store_true", help="1 trial pair of 0.2 s")
     args = parser.parse_args()
+    if args.quick:
+        args.trials, args.seconds = 1, 0.2
 
     import torch
 

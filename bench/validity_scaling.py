@@ -12,7 +12,8 @@ memory (no files: it times the computation, not the reads), then times in one pr
 The figure is (recheck + stages + annotate) / summarize: how much the trust hook adds.
 
     python bench/validity_scaling.py               # 100 jobs x 4 GPUs = 32,000 GPU-windows
-    python bench/validity_scaling.py --jobs 20     # quick
+    python bench/validity_scaling.py --jobs 20     # smaller
+    python bench/validity_scaling.py --quick       # 2 jobs: the test suite's run
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="2 jobs: the test suite's run")
     args = parser.parse_args()
+    if args.quick:
+        args.jobs = 2
     rows, power, idle = build(args.jobs, args.gpus, args.pp)
     n_gpu_windows = len(rows)
     t = {}

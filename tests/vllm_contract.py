@@ -113,8 +113,46 @@ def main() -> int:
     )
     assert pc.world_size == 4
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    shared_memory_names()
     print("vllm contract ok:", vllm.__version__)
     return 0
+
+
+def shared_memory_names() -> None:
+    """The CPU communicator's segment names (issue 24): why the backend renames them, and that
+    the renaming gives every job its own.
+
+    Under external_launcher the init method is ``env://``, so the CPU worker's VLLM_DIST_IDENT is
+    ``//`` and vLLM alone names every job's tp group ``//-tp:0-[0-1]-cpushm``; with the backend's
+    wrapper two jobs get two names, the same on every rank of a job.
+    """
+    from types import SimpleNamespace
+
+    from vllm.distributed.device_communicators import cpu_communicator
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    from energysweep.backends import vllm_backend
+    from energysweep.job.names import segment_prefix
+
+    os.environ.update(RANK="0", LOCAL_RANK="0")
+    init_method = ExecutorWithExternalLauncher._distributed_args(None)[0]
+    assert init_method == "env://", init_method
+    worker = inspect.getsource(__import__("vllm.v1.worker.cpu_worker", fromlist=["x"]))
+    assert 'os.environ["VLLM_DIST_IDENT"] = (' in worker  # overwritten: no knob for a job
+    os.environ["VLLM_DIST_IDENT"] = init_method.split(":")[-1]
+    shm = cpu_communicator._CPUSHMDistributed
+    group = SimpleNamespace(unique_name="tp:0", ranks=[0, 1])
+    assert shm.make_group_name(group) == "//-tp:0-[0-1]-cpushm"  # the same for every job
+    a, b = segment_prefix("a" * 32), segment_prefix("b" * 32)
+    assert vllm_backend.name_segments_per_job(a)
+    name_a = shm.make_group_name(group)
+    assert vllm_backend.name_segments_per_job(b)  # a second job in this process: its own name
+    name_b = shm.make_group_name(group)
+    assert (name_a, name_b) == (f"{a}-tp:0-[0-1]-cpushm", f"{b}-tp:0-[0-1]-cpushm")
+    # The consistency check every rank runs calls the same (wrapped) function.
+    comm = cpu_communicator.CpuCommunicator
+    check = inspect.getsource(comm._all_group_ranks_share_shm_group_name)
+    assert "_CPUSHMDistributed.make_group_name(self)" in check
 
 
 if __name__ == "__main__":

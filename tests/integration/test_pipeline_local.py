@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 
@@ -12,7 +13,7 @@ import yaml
 from energysweep.figures import FIGURES
 from energysweep.results import unexplained_nulls
 
-from conftest import test_env, workflow_copy
+from conftest import ROOT, test_env, workflow_copy
 from headless_chromium import Chromium
 
 pytestmark = [pytest.mark.integration]
@@ -345,9 +346,15 @@ def test_report_renders_in_headless_chromium(local_run, tmp_path):
         env = browser.open_page(env_uri)
         text = browser.evaluate(env, "document.body.innerText")
         code_version = summary["code_version"].iloc[0]
+        # The lock the ranks' environment (.venv) was installed from, with its hash.
+        lock_sha256 = hashlib.sha256((ROOT / "envs" / "venv.lock").read_bytes()).hexdigest()
+        environment = pd.read_parquet(wf / "results" / "environment.parquet")
+        assert set(environment["env_lock"]) == {"envs/venv.lock"}
+        assert set(environment["env_lock_sha256"]) == {lock_sha256}
         for needle in (
             "config hash (sweep)",
             code_version,
+            lock_sha256,
             "torch",
             "GPUs and driver",
             "Validated config",

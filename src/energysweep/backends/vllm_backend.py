@@ -23,6 +23,8 @@ How a layout maps onto vLLM (checked against vLLM 0.32.0's source, see docs/back
   passed (it applies to GPUs only).
 - start-up (import, engine construction: weights, KV cache, torch.compile) is timed per job and
   goes to job.json (``timing.backend_startup``), outside every window.
+- its CPU communicator's shared-memory segments carry the job's identity
+  (:func:`name_segments_per_job`), so two jobs on a node never share or block each other's;
 - an exception on one rank of a multi-rank engine leaves the other ranks inside the engine's
   collectives: such a point failure is fatal to the job (``fatal_point_errors``), so torchrun
   stops every rank at once instead of the job hanging.
@@ -37,6 +39,7 @@ import time
 
 from energysweep.backends.engine_common import EngineBackend, JobOptions, job_options, spec_of
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.names import segment_prefix
 
 TESTED_VERSION = "0.32.0"  # EngineArgs / SamplingParams field names checked against this
 METRICS_SOURCE = "vllm RequestOutput.metrics (first_token_latency, first/last_token_ts)"
@@ -85,6 +88,45 @@ def sampling_kwargs(output_tokens: int) -> dict:
         # No text is needed (token ids are compared), and PyTorch does not detokenise either.
         "detokenize": False,
     }
+
+
+def name_segments_per_job(prefix: str) -> bool:
+    """Give the shared-memory segments of this rank's vLLM CPU communicator the job's identity.
+
+    vLLM names a TP/PP group's segments ``<VLLM_DIST_IDENT>-<group>-[<ranks>]-cpushm_<rank>``
+    (``_CPUSHMDistributed.make_group_name``, shm_open with O_EXCL). Its CPU worker sets
+    ``VLLM_DIST_IDENT`` from the distributed init method, which ``external_launcher`` fixes to
+    ``env://``: the ident is ``//`` (dropped by shm_open), so every tp >= 2 job on a node would
+    create ``-tp:0-[0-1]-cpushm_0``, two jobs at once collide (errno 17), and a killed job's
+    segments block every later one. vLLM offers no other knob (the variable is overwritten), so
+    the group name is wrapped here: ``<prefix>-`` + vLLM's own name without its empty ident.
+    Every rank of the job uses the same prefix, as vLLM's check requires. tests/vllm_contract.py
+    fails if the function changes; energysweep.launch.cleanup removes a job's segments by name
+    on every exit path either way.
+
+    Returns:
+        False (nothing changed) where this vLLM has no such function.
+    """
+    try:
+        from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+    except ImportError:
+        return False
+    current = _CPUSHMDistributed.__dict__.get("make_group_name")
+    if not isinstance(current, staticmethod):
+        return False
+    vllm_name = getattr(current.__func__, "vllm_name", current.__func__)
+    seen: set[str] = set()
+
+    def make_group_name(communicator) -> str:
+        name = f"{prefix}-{vllm_name(communicator).lstrip('/-')}"
+        if name not in seen:
+            seen.add(name)
+            print(f"vllm: CPU shared-memory group {name}", flush=True)
+        return name
+
+    make_group_name.vllm_name = vllm_name
+    _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+    return True
 
 
 def prompts_of(batch: list[list[int]]) -> list[dict]:
@@ -142,6 +184,7 @@ class VllmBackend(EngineBackend):
 
         t1 = time.perf_counter()
         self.spec = spec
+        name_segments_per_job(segment_prefix(spec["job_id"]))
         on_gpu = ctx.device.startswith("cuda")
         self.llm = LLM(**engine_kwargs(ctx.layout, ctx.model_dir, opts, on_gpu=on_gpu))
         t2 = time.perf_counter()

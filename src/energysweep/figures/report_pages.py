@@ -190,11 +190,14 @@ def environment_page(
             "facts to record, and no GPU energy was measured.</p>"
         )
     version_cols = [c for c in env.columns if c.endswith("_version") and c != "code_version"]
+    software = ["host", "cpu_model", "torch_cuda", *version_cols, "env_lock", "env_lock_sha256"]
     parts += [
         "<h2>Hosts and software versions</h2>",
-        table_html(_distinct(env, ["host", "cpu_model", "torch_cuda", *version_cols])),
+        table_html(_distinct(env, software)),
         '<p class="meta">— means the package is not installed in that job\'s '
-        "environment (e.g. vLLM in a PyTorch-only environment).</p>",
+        "environment (e.g. vLLM in a PyTorch-only environment). env_lock: the lock file the "
+        "ranks' environment was installed from (its sha256 beside it); — where it was not "
+        "installed from one.</p>",
     ]
     parts += [
         "<h2>Jobs</h2>",

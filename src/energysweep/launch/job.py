@@ -1,8 +1,10 @@
 """Running one measure job: write its spec, start its processes, publish its outputs or nothing.
 
 The argv and environment come from :mod:`energysweep.launch.argv`; the processes are one unit
-(:mod:`energysweep.launch.procs`); the ranks write into a staging directory, published only when
-every process exited 0 (job.json last).
+(:mod:`energysweep.launch.procs`); what they create outside themselves (shared memory, temp
+files, sockets) is named per job and removed however the job ends, and what a dead job left is
+removed before the next one starts (:mod:`energysweep.launch.cleanup`); the ranks write into a
+staging directory, published only when every process exited 0 (job.json last).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 from energysweep.job.spec import launched, output_paths, restage
-from energysweep.launch import procs
+from energysweep.launch import cleanup, procs
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.slurm import job_nodes
 from energysweep.measure.provenance import code_version
@@ -146,18 +148,31 @@ def run_job(
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
-        _run_as_unit(argv, env, log, spec["job_id"], limits, what)
+        _run_as_unit(argv, env, log, spec["job_id"], limits, what, one_node=placement.nodes == 1)
         _publish(spec["outputs"], final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _run_as_unit(argv: list[str], env: dict, log, job_id: str, limits: dict, what: str) -> None:
-    """Run the job's processes as one unit; stop every one of them however the run ends."""
-    proc = None
+def _run_as_unit(
+    argv: list[str], env: dict, log, job_id: str, limits: dict, what: str, one_node: bool = True
+) -> None:
+    """Run the job's processes as one unit; however the run ends, stop every one of them and
+    remove what they created outside themselves (:mod:`energysweep.launch.cleanup`).
+
+    First, what dead jobs left on this node goes (a SIGKILLed measure step cleaned up nothing).
+    A one-node job's processes get a temp dir of their own (``TMPDIR``); on more nodes the
+    others would not have it.
+    """
+    cleanup.sweep_stale(log)
+    tmpdir, lock = cleanup.claim(job_id)
+    if one_node:
+        env = {**env, "TMPDIR": str(tmpdir)}
+    proc, tracker = None, cleanup.Tracker(job_id, tmpdir)
     with _stop_signals_raise() as disarm:
         try:
             proc = procs.start(argv, env, log, job_id)
+            tracker.start()
             _wait(proc, float(limits["job_timeout_s"]), what, argv[0])
         except JobInterrupted as exc:
             raise JobInterrupted(
@@ -168,6 +183,7 @@ def _run_as_unit(argv: list[str], env: dict, log, job_id: str, limits: dict, wha
             disarm()
             # Also after a clean exit: a rank's helper or engine worker may linger.
             procs.stop(proc, job_id, float(limits["kill_grace_s"]), log)
+            cleanup.release(job_id, tracker.stop(), tmpdir, lock, log)
 
 
 def _head_node(placement: Placement, slurm_id: str | None, log) -> str:

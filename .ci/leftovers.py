@@ -1,0 +1,164 @@
+"""After `make test` and `make run`: does the machine hold anything a job or a test cluster left?
+
+Checked independently of the code under test (no energysweep import), from /proc, /dev/shm,
+/sys and `ip`, as a person would look:
+
+- processes: a live process whose environment carries a job mark (ENERGYSWEEP_JOB_MARK);
+- shared memory: an engine segment of a job (vLLM's CPU communicator: ``*-cpushm_<rank>``) or any
+  entry of /dev/shm created since ``--before`` that no live process maps or holds open;
+- temp dirs: a job's own temp dir (``energysweep-job-*`` in the temp dir);
+- Slurm: a slurmctld, slurmd or slurmdbd process, or a daemon whose pid file lies in the local
+  cluster's state dir (cluster/slurm-local.sh);
+- network: a namespace ``esnode*``, the bridge ``esbr0`` or a link ``esveth*`` (the multi-node
+  cluster's).
+
+Usage: ``python .ci/leftovers.py snapshot FILE`` before, ``python .ci/leftovers.py check
+--before FILE`` after. Exit 1 and one line per leftover when anything is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MARK = b"ENERGYSWEEP_JOB_MARK="
+SHM = Path("/dev/shm")
+ENGINE_SEGMENT = re.compile(r"-cpushm_\d+$")
+SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmdbd")
+SLURM_STATE = Path(os.environ.get("ENERGYSWEEP_SLURM_STATE", "/var/run/energysweep-slurm"))
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def live_pids() -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = _read(f"/proc/{entry.name}/stat").decode(errors="replace")
+            if stat and stat.rpartition(")")[2].split()[0] not in ("Z", "X"):
+                pids.append(int(entry.name))
+    return pids
+
+
+def _cmdline(pid: int) -> str:
+    return _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:200]
+
+
+def marked_processes(pids: list[int]) -> list[str]:
+    return [
+        f"process {pid} of a job ({_cmdline(pid)})"
+        for pid in pids
+        if any(v.startswith(MARK) for v in _read(f"/proc/{pid}/environ").split(b"\0"))
+    ]
+
+
+def shm_in_use(pids: list[int]) -> set[str]:
+    """Names in /dev/shm mapped or held open by a live process."""
+    used = set()
+    for pid in pids:
+        for line in _read(f"/proc/{pid}/maps").decode(errors="replace").splitlines():
+            path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+            if path.startswith("/dev/shm/"):
+                used.add(path[len("/dev/shm/") :].removesuffix(" (deleted)"))
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/"):
+                used.add(target[len("/dev/shm/") :])
+    return used
+
+
+def segments(before: set[str], pids: list[int]) -> list[str]:
+    used = shm_in_use(pids)
+    left = []
+    for name in sorted(os.listdir(SHM)):
+        if ENGINE_SEGMENT.search(name):
+            left.append(
+                f"engine segment /dev/shm/{name}"
+                + (" (still mapped by a live process)" if name in used else "")
+            )
+        elif name not in before and name not in used:
+            left.append(f"/dev/shm/{name}: created since the snapshot, no live process uses it")
+    return left
+
+
+def temp_dirs() -> list[str]:
+    tmp = Path(tempfile.gettempdir())
+    return [f"job temp dir {p}" for p in sorted(tmp.glob("energysweep-job-*"))]
+
+
+def slurm(pids: list[int]) -> list[str]:
+    left = [
+        f"Slurm daemon {pid} ({_cmdline(pid)})"
+        for pid in pids
+        if _read(f"/proc/{pid}/comm").decode().strip() in SLURM_DAEMONS
+    ]
+    for pidfile in sorted(SLURM_STATE.glob("*.pid")) if SLURM_STATE.is_dir() else []:
+        text = _read(str(pidfile)).decode().strip()
+        if text.isdigit() and int(text) in pids:
+            left.append(f"daemon {text} of the local cluster ({pidfile})")
+    return left
+
+
+def network() -> list[str]:
+    left = []
+    try:
+        out = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    left += [
+        f"network namespace {line.split()[0]}"
+        for line in out.splitlines()
+        if line.startswith("esnode")
+    ]
+    links = os.listdir("/sys/class/net") if os.path.isdir("/sys/class/net") else []
+    left += [f"network link {n}" for n in sorted(links) if n == "esbr0" or n.startswith("esveth")]
+    return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("snapshot").add_argument("file", type=Path)
+    check = sub.add_parser("check")
+    check.add_argument("--before", type=Path, help="a snapshot taken before the run")
+    args = ap.parse_args(argv)
+    if args.cmd == "snapshot":
+        args.file.write_text("\n".join(sorted(os.listdir(SHM))) + "\n")
+        return 0
+    before = set(args.before.read_text().split()) if args.before else set(os.listdir(SHM))
+    pids = live_pids()
+    left = [
+        *marked_processes(pids),
+        *segments(before, pids),
+        *temp_dirs(),
+        *slurm(pids),
+        *network(),
+    ]
+    for item in left:
+        print(f"leftover: {item}", file=sys.stderr)
+    print(f"leftovers after the run: {len(left)}")
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

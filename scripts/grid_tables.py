@@ -6,10 +6,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 
+from energysweep.job.spec import JOB_KEYS  # noqa: E402
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-COLS = ["model", "backend", "scenario", "tp", "pp", "dp"]
+COLS = list(JOB_KEYS)
 with step_log(sm.log[0], sm.rule):
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),

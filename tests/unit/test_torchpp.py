@@ -194,10 +194,20 @@ def test_whole_model_fallback_gives_the_same_stage(tiny_dir, monkeypatch):
 
 @pytest.fixture(scope="module")
 def backend(tiny_dir):
+    from jobspec import job_spec
+
     from energysweep.backends.pytorch import PyTorchBackend
     from energysweep.dist import make_context
 
-    ctx = make_context(ParallelLayout(), "cpu", model_dir=str(tiny_dir), max_input_tokens=64)
+    job = job_spec()
+    ctx = make_context(
+        job.placement,
+        "cpu",
+        model_dir=str(tiny_dir),
+        dtype=job.dtype,
+        seed=job.seed,
+        max_input_tokens=job.workload.max_input_tokens,
+    )
     return PyTorchBackend(ctx)
 
 

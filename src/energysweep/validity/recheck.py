@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, power_files, reason_names
+from energysweep.job.spec import JobDir
+from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, reason_names
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 from energysweep.validity.timeline import (
     NO_COUNTER,
@@ -344,8 +345,8 @@ def from_published(energy: str | Path, shards_dir: str | Path) -> pd.DataFrame:
     )
     for k in ("model", "backend"):  # hive partition columns come back as dictionaries
         rows[k] = rows[k].astype(str)
-    idle = idle_bounds(sorted(Path(shards_dir).rglob("job.json")))
-    return recheck(rows, load_power(power_files(shards_dir)), idle)
+    idle = idle_bounds(JobDir.find(shards_dir, "job_json"))
+    return recheck(rows, load_power(JobDir.find(shards_dir, "power")), idle)
 
 
 def main(argv: list[str] | None = None) -> int:

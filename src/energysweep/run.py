@@ -5,10 +5,11 @@ by attribute, never indexed), check the world against its placement, start the p
 audit the processes, load the backend once. Then the :class:`energysweep.measure.monitor.JobMonitor`
 snapshots the environment, starts the power sampler and measures the idle baseline, and the job's
 scenario (:mod:`energysweep.scenarios`), for each batch size, warms up and measures
-``repetitions`` windows (window rule: :mod:`energysweep.measure.window`); rank 0 writes one shard
-per repetition, and at the end all of them again as the job table (one file, what the merge
-reads), then generations.parquet, power.parquet and job.json. A failure at one batch size (OOM,
-error) is recorded as that point's status and the job goes on; a crash of the job fails it.
+``repetitions`` windows (window rule: :mod:`energysweep.measure.window`); rank 0 combines the
+ranks' rows of each window (:func:`energysweep.aggregate.windows.combine_ranks`) and writes one
+shard per repetition, and at the end all of them again as the job table (one file, what the
+merge reads), then generations.parquet, power.parquet and job.json. A failure at one batch size
+(OOM, error) is recorded as that point's status and the job goes on; a crash of the job fails it.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import time
 import traceback
 
 from energysweep import dist
+from energysweep.aggregate.windows import combine_ranks
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
 from energysweep.measure.monitor import JobMonitor
-from energysweep.measure.window import finalize_window
 from energysweep.scenarios.base import Scenario
 from energysweep.tables import io as tables_io
 from energysweep.tables import shards
@@ -117,7 +118,7 @@ def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int
         for rep, rows in enumerate(scenario.point(bs)):
             gathered = dist.gather(rows)
             if ctx.rank == 0:
-                table = shards.to_table(finalize_window(gathered))
+                table = shards.to_table(combine_ranks(gathered))
                 tables_io.write_atomic(table, job.outputs.shard(bs, rep))
                 job_tables.append(table)
     if ctx.rank != 0:

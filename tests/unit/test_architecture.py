@@ -52,6 +52,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "launch": frozenset({"job", "measure", "tables", "util"}),
     "run": frozenset(
         {
+            "aggregate",
             "backends",
             "dist",
             "energy",

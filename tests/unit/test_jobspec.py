@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,40 @@ def test_job_dir_knows_every_path_of_a_job(tmp_path):
     for name in ("power", "job_json"):
         Path(getattr(found, name)).touch()
         assert JobDir.find(tmp_path, name) == [Path(getattr(found, name))]
+
+
+# The rank side: everything a launched job's processes run. They read the typed job by attribute.
+SRC = Path(__file__).resolve().parents[2] / "src" / "energysweep"
+RANK_SIDE = [
+    SRC / "run.py",
+    SRC / "dist.py",
+    SRC / "tables" / "job_record.py",
+    *sorted((SRC / "measure").glob("*.py")),
+    *sorted((SRC / "scenarios").glob("*.py")),
+    *sorted((SRC / "backends").glob("*.py")),
+    *sorted((SRC / "energy").glob("*.py")),
+    *sorted((SRC / "torchpp").glob("*.py")),
+]
+# A job read as a dict, the context's untyped extras, the spec handed around inside one.
+UNTYPED = re.compile(r"\bspec\[|\bspec\.get\(|\bcfg\[|\.extra\b|\bspec_of\b")
+
+
+def untyped_reads(text: str) -> list[str]:
+    return [
+        f"line {n}: {line.strip()}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if UNTYPED.search(line)
+    ]
+
+
+def test_the_untyped_read_finder_finds_each_kind():
+    text = 'a = spec["job"]\nb = spec.get("x")\nc = cfg["lr"]\nd = ctx.extra\nspec_of(ctx)\nok\n'
+    assert [f.split(":")[0] for f in untyped_reads(text)] == [f"line {n}" for n in range(1, 6)]
+
+
+@pytest.mark.parametrize("path", RANK_SIDE, ids=lambda p: str(p.relative_to(SRC)))
+def test_the_rank_side_reads_the_job_by_attribute(path):
+    assert untyped_reads(path.read_text()) == [], (
+        f"{path.relative_to(SRC)} reads the job untyped; use the LaunchedJob's attributes "
+        "(job.measurement.sampler_hz, job.outputs.power, ...)"
+    )

@@ -10,13 +10,13 @@ import pytest
 from jobspec import launched_job
 
 from energysweep import dist
+from energysweep.aggregate.windows import combine_ranks
 from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
-from energysweep.measure.window import finalize_window
 from energysweep.scenarios.inference import InferenceScenario
 from energysweep.tables import shards
 
@@ -187,7 +187,7 @@ def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
         assert r["host_energy_status"] == "unavailable"  # host_energy_source: none
     prefill = [r for r in rows if r["phase"] == "prefill"]
     assert all(r["output_tokens"] == r["iterations"] * 4 for r in prefill)
-    shards.to_table(finalize_window([rows]))  # complete rows of the one schema
+    shards.to_table(combine_ranks([rows]))  # complete rows of the one schema
     # Generations: rep 0's first workload.iterations iterations only.
     assert len(measurer.generations) == 2 * 4
 
@@ -230,7 +230,7 @@ def test_failed_point_rows_are_complete(gpu_rank):
     assert {r["status"] for r in rows} == {"oom"}
     assert [r["phase"] for r in rows] == ["generate", "prefill"] * 2
     assert all(r["gpu_energy_mj"] is None for r in rows)
-    shards.to_table(finalize_window([rows]))
+    shards.to_table(combine_ranks([rows]))
 
 
 def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
@@ -250,7 +250,7 @@ def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
             model_parameters_method="counted",
         )
 
-    rows = finalize_window(
+    rows = combine_ranks(
         [
             [r(0, "generate", 30, 60, True), r(0, "prefill", 30, 4, True)],
             [r(1, "generate", 0, 0, False), r(1, "prefill", 0, 0, False)],

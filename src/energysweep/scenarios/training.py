@@ -72,8 +72,8 @@ class TrainingScenario(Scenario):
         """One measured window of optimizer steps: :meth:`measured`'s dict, tokens, the loss."""
         w = self.measured(lambda _: trainer.step(), self.cfg.steps, self._sync)
         per_step_loss = trainer.take_losses()  # after the window: a collective + host sync
-        # Per-rank counts are non-zero only on each replica's writer; measure.finalize_window sums
-        # them over ranks into the window total (all replicas).
+        # Per-rank counts are non-zero only on each replica's writer; combine_ranks
+        # (energysweep.aggregate.windows) sums them over ranks into the window total.
         steps = w["iterations"]
         tokens = bs * steps * self.cfg.seq_len if self.ctx.coords.is_writer else 0
         return {

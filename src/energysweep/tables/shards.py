@@ -28,7 +28,8 @@ _COLUMNS_TABLE = """
 # The job: one model load, one layout, one code version.
 schema_version          int16   -    version of this schema
 job_id                  string  -    unique id of the job run (one model load, one layout)
-config_hash             string  -    sha256 prefix of the settings that determine this job
+config_hash             string  -    sha256 prefix of the settings that determine this job (its
+                                     JobSpec, no paths: job.spec.config_hash; not the sweep_hash)
 code_version            string  -    energysweep version + git commit (+dirty)
 model                   string  -    model name from the config
 backend                 string  -    pytorch | vllm | tensorrt-llm

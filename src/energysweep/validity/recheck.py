@@ -36,6 +36,7 @@ import pyarrow as pa
 from energysweep.job.spec import JobDir
 from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, reason_names
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.tables.status import ACCEPTED, Status
 from energysweep.validity.timeline import (
     NO_COUNTER,
     NO_TIMELINE,
@@ -105,7 +106,7 @@ def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
     )
     gpu_less = gpu_less[gpu_less["_merge"] == "left_only"].drop(columns="_merge")
     out = pd.concat([with_gpu, gpu_less], ignore_index=True).drop(columns="_has_gpu")
-    measured = out["gpu_energy_status"].isin(["measured", "short-window"]) & out["status"].eq("ok")
+    measured = out["gpu_energy_status"].isin(ACCEPTED) & out["status"].eq(Status.OK)
     out["counter_energy_j"] = (out["gpu_energy_mj"] / 1e3).where(measured)
     return out
 

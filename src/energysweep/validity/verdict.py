@@ -25,6 +25,7 @@ from energysweep.job.spec import JobDir
 from energysweep.tables import power as tp
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.tables.status import ACCEPTED, EnergyStatus, Status
 from energysweep.validity import recheck as rc
 from energysweep.validity import stages as st
 
@@ -145,7 +146,7 @@ def annotate(
     if summary.empty:
         return summary
     s = summary.copy()
-    ok_head = rows[(rows["status"] == "ok") & rows["phase"].isin(HEADLINE_PHASES)]
+    ok_head = rows[(rows["status"] == Status.OK) & rows["phase"].isin(HEADLINE_PHASES)]
     win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
     win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
     s["batch_fill"] = _per_point(win, s, "batch_fill", "median")
@@ -157,9 +158,7 @@ def annotate(
     )
 
     gpu_status = s["gpu_energy_status"].astype(str)
-    has_energy = (
-        gpu_status.str.contains("measured|short-window") & s["energy_per_iteration_j"].notna()
-    )
+    has_energy = gpu_status.str.contains("|".join(ACCEPTED)) & s["energy_per_iteration_j"].notna()
     checks = _recheck_columns(s, validation, win, has_energy, c)
     _idle_columns(s, rows, validation[validation["scope"] == "idle"], has_energy)
     s["ci_half_width_fraction"] = _ci_half_width_fraction(s)
@@ -205,7 +204,7 @@ def _recheck_columns(
         np.where(
             any_unchecked,
             "incomplete (a window could not be re-checked: validation.parquet says why)",
-            "ok",
+            Status.OK,
         ),
     )
     stuck = vg["counter_stuck"].fillna(False).astype(bool) | (
@@ -246,7 +245,7 @@ def _idle_columns(
         "not-applicable (no GPU energy)",
         np.where(
             s["idle_gpu_power_std_w"].notna(),
-            "ok",
+            Status.OK,
             "unavailable (no idle baseline or no power samples in it)",
         ),
     )
@@ -283,8 +282,8 @@ def _verdict(
     n = len(s)
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
-        "no_gpu_energy": ~has_energy & ~gpu_status.str.contains("partial"),
-        "partial_gpus": gpu_status.str.contains("partial")
+        "no_gpu_energy": ~has_energy & ~gpu_status.str.contains(EnergyStatus.PARTIAL),
+        "partial_gpus": gpu_status.str.contains(EnergyStatus.PARTIAL)
         | (has_energy & (s["n_gpus"] < layout_gpus)),
         "counter_stuck": has_energy & s_stuck,
         "window_short": ~(window_s >= c.min_counter_periods * period),
@@ -310,7 +309,7 @@ def _verdict(
         skip = [] if has_energy.iloc[i] else list(GPU_CHECKS)
         if no_ok[i]:
             skip += WINDOW_CHECKS
-        if has_energy.iloc[i] and s["idle_check_status"].iloc[i] != "ok":
+        if has_energy.iloc[i] and s["idle_check_status"].iloc[i] != Status.OK:
             skip.append("idle_unstable")
         if has_energy.iloc[i] and any_unchecked[i]:
             skip += ["counter_stuck", "throttled", "recheck_mismatch"]

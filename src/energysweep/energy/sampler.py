@@ -13,9 +13,10 @@ and a GPU shared by two ranks shows up under both ranks (rows carry ``rank``; de
 the thread does not stall the rank's Python; the overhead is measured in
 bench/sampler_overhead.py.
 
-Rank 0 gathers every rank's samples and writes ``power.parquet`` next to ``job.json``. The file is
-always written: without a GPU (or with ``measurement.sampler_hz: 0``) it holds one row per rank
-with ``status`` saying why and null measurements.
+Rank 0 gathers every rank's samples and writes them to ``job.outputs.power`` (``JobDir.power``,
+``power.parquet`` beside ``job.json``). The file is always written: without a GPU (or with
+``measurement.sampler_hz: 0``) it holds one row per rank with ``status`` saying why and null
+measurements.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ attribute::
 
 :class:`JobDir` knows every file name of one job's directory (``results/shards/<params>``).
 
-Two hashes, one name each (README, "Provenance"): ``config_hash`` is one job's: :func:`config_hash`
+Two hashes, one name each: ``config_hash`` is one job's: :func:`config_hash`
 of its :class:`JobSpec` (the ``config_hash`` column of shards, job.json and the summary); rows of
 jobs that ran the same settings share it. ``sweep_hash`` is the whole validated config's
 (:func:`energysweep.sweep.config.sweep_hash`, stored in results/config.yaml). Neither covers a

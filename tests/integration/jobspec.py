@@ -78,3 +78,18 @@ def launched_job(
         launch_argv=[],
         job_id=job_id,
     )
+
+
+def rank_context(job: JobSpec, device: str, model_dir: str | Path, tp_mode: str = "local"):
+    """This process's rank context for ``job``, as energysweep.run makes it (dist.make_context)."""
+    from energysweep import dist
+
+    return dist.make_context(
+        job.placement,
+        device,
+        model_dir=str(model_dir),
+        dtype=job.dtype,
+        seed=job.seed,
+        max_input_tokens=job.workload.max_input_tokens,
+        tp_mode=tp_mode,
+    )

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 import torch
-from jobspec import job_spec, limits
+from jobspec import job_spec, limits, rank_context
 
 from energysweep import dist
 from energysweep.backends.pytorch import PyTorchBackend
@@ -92,15 +92,7 @@ def main() -> int:
     dist.init(first.placement, "cpu", timeout_s=limits().collective_timeout_s)
     for job, mode in layouts:
         layout = job.layout
-        ctx = dist.make_context(
-            job.placement,
-            "cpu",
-            model_dir=args.model_dir,
-            dtype=job.dtype,
-            seed=job.seed,
-            max_input_tokens=job.workload.max_input_tokens,
-            tp_mode=mode or "local",
-        )
+        ctx = rank_context(job, "cpu", args.model_dir, tp_mode=mode or "local")
         audits = dist.gather(ctx.audit())
         dist.check_world(audits, job.placement)
         backend = PyTorchBackend(ctx)

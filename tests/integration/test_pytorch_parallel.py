@@ -72,21 +72,11 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(tiny_model):
     """Single-process outputs of any prompt batch: indices -> (token ids, prefill logits)."""
-    from jobspec import job_spec
+    from jobspec import job_spec, rank_context
 
     from energysweep.backends.pytorch import PyTorchBackend
-    from energysweep.dist import make_context
 
-    job = job_spec()
-    ctx = make_context(
-        job.placement,
-        "cpu",
-        model_dir=str(tiny_model),
-        dtype=job.dtype,
-        seed=job.seed,
-        max_input_tokens=job.workload.max_input_tokens,
-    )
-    backend = PyTorchBackend(ctx)
+    backend = PyTorchBackend(rank_context(job_spec(), "cpu", tiny_model))
     cache: dict[tuple[int, ...], tuple[list, torch.Tensor]] = {}
 
     def run(indices: list[int]):

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 
 import torch
-from jobspec import launched_job
+from jobspec import launched_job, rank_context
 
 from energysweep import dist
 from energysweep.job.layout import ParallelLayout
@@ -94,14 +94,7 @@ def main() -> int:
         training.make_accelerator = lambda device: Accelerator()  # the documented mistake
     for job in jobs:
         layout = job.layout
-        ctx = dist.make_context(
-            job.placement,
-            "cpu",
-            model_dir=args.model_dir,
-            dtype=job.dtype,
-            seed=job.seed,
-            max_input_tokens=job.workload.max_input_tokens,
-        )
+        ctx = rank_context(job, "cpu", args.model_dir)
         dist.check_world(dist.gather(ctx.audit()), job.placement)
         monitor = JobMonitor(job, ctx)
         measurer = training.TrainingScenario(job, ctx, prompts, monitor)

@@ -194,21 +194,11 @@ def test_whole_model_fallback_gives_the_same_stage(tiny_dir, monkeypatch):
 
 @pytest.fixture(scope="module")
 def backend(tiny_dir):
-    from jobspec import job_spec
+    from jobspec import job_spec, rank_context
 
     from energysweep.backends.pytorch import PyTorchBackend
-    from energysweep.dist import make_context
 
-    job = job_spec()
-    ctx = make_context(
-        job.placement,
-        "cpu",
-        model_dir=str(tiny_dir),
-        dtype=job.dtype,
-        seed=job.seed,
-        max_input_tokens=job.workload.max_input_tokens,
-    )
-    return PyTorchBackend(ctx)
+    return PyTorchBackend(rank_context(job_spec(), "cpu", tiny_dir))
 
 
 def _hf_generate(model, batch, n, pad_id, **kw):

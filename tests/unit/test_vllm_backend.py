@@ -205,6 +205,13 @@ def make_ctx(model_dir, job, rank):
     )
 
 
+def tp2_rank(model_dir, out, rank: int, output_tokens: int):
+    """(job, backend) of rank ``rank`` of a tp=2 vllm job with short prompts."""
+    workload = {"max_input_tokens": 8, "output_tokens": output_tokens}
+    job = launched_job(out, model_dir, **{**JOB, "workload": workload}, layout=ParallelLayout(tp=2))
+    return job, vllm_backend.load_backend(make_ctx(model_dir, job, rank), job)
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
     for name, mod in fake_engines.make_vllm().items():
@@ -213,13 +220,7 @@ def fake_vllm(monkeypatch):
 
 
 def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp_path):
-    job = launched_job(
-        tmp_path,
-        model_dir,
-        **{**JOB, "workload": {"max_input_tokens": 8, "output_tokens": 5}},
-        layout=ParallelLayout(tp=2),
-    )
-    backend = vllm_backend.load_backend(make_ctx(model_dir, job, 0), job)
+    job, backend = tp2_rank(model_dir, tmp_path, 0, output_tokens=5)
     llm = fake_vllm.instances[-1]
     # CPU ranks: no gpu_memory_utilization (the KV cache is VLLM_CPU_KVCACHE_SPACE).
     assert llm.kwargs == vllm_backend.engine_kwargs(job, model_dir, on_gpu=False)
@@ -248,13 +249,7 @@ def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp
 
 
 def test_other_tp_ranks_submit_but_return_nothing(fake_vllm, model_dir, tmp_path):
-    job = launched_job(
-        tmp_path,
-        model_dir,
-        **{**JOB, "workload": {"max_input_tokens": 8, "output_tokens": 3}},
-        layout=ParallelLayout(tp=2),
-    )
-    backend = vllm_backend.load_backend(make_ctx(model_dir, job, 1), job)
+    job, backend = tp2_rank(model_dir, tmp_path, 1, output_tokens=3)
     assert backend.generate(backend.encode(["a b c"]), 3) is None
     assert len(fake_vllm.instances[-1].calls) == 1  # it still took part in the step
     assert backend.requests == []

@@ -7,7 +7,7 @@ the fake GPU's energy counter); the inference scenario, JobMonitor and NVML sour
 from __future__ import annotations
 
 import pytest
-from jobspec import launched_job
+from jobspec import launched_job, rank_context
 
 from energysweep import dist
 from energysweep.aggregate.windows import combine_ranks
@@ -102,14 +102,7 @@ def spec(models=None, **measurement) -> LaunchedJob:
 
 
 def context(job: LaunchedJob, device: str, model_dir: str = "no-checkpoint") -> dist.RankContext:
-    return dist.make_context(
-        job.placement,
-        device,
-        model_dir=model_dir,
-        dtype=job.dtype,
-        seed=job.seed,
-        max_input_tokens=job.workload.max_input_tokens,
-    )
+    return rank_context(job, device, model_dir)
 
 
 TINY = dict(

@@ -12,9 +12,9 @@ import pytest
 
 from energysweep.hw import emulated
 from energysweep.hw.emulated import Owner, truth
-from energysweep.hw.emulated.node import identity
+from energysweep.hw.emulated.node import Node, identity
 
-from emulated_helpers import EPOCH_NS, make_node, run_owner, steady
+from emulated_helpers import EPOCH_NS, VirtualClock, make_node, run_owner, section, steady
 
 
 def _gpu0(node, module):
@@ -267,3 +267,25 @@ def test_device_cgroups_number_only_the_allocation(tmp_path):
     assert nvml2.nvmlDeviceGetIndex(h) == 0
     with pytest.raises(real.NVMLError_NotFound):  # outside the job's cgroup
         nvml2.nvmlDeviceGetHandleByUUID(node.gpus[0].uuid)
+
+
+def test_readings_stay_exact_when_the_shared_ring_wraps(tmp_path):
+    resolved = emulated.prepare(tmp_path, section(), EPOCH_NS)
+    clock = VirtualClock()
+    node = Node(resolved, tmp_path, host="n", clock=clock, capacity=4000)
+    owner = Owner(
+        node,
+        [0],
+        emulated.FunctionActivity(lambda t: 1.0 if ((t - EPOCH_NS) // 10**9) % 2 else 0.0),
+    )
+    run_owner(owner, clock, 30.0, hz=200)  # 6000 samples through a ring of 4000
+    view = node.view(0)
+    assert len(view.state.segments()) == 2
+    t = np.array([clock.at(s) for s in (21.0, 22.0, 25.5, 29.9)])
+    e = view.energy_mj(t)
+    assert e[1] - e[0] == pytest.approx(700_000)  # 21-22 s: busy
+    assert e[2] - e[1] == pytest.approx(70_000 + 700_000 + 70_000 + 0.5 * 700_000)
+    owner.close()
+    assert truth.Truth.read(tmp_path).energy_mj(node.gpus[0].uuid, t[0], t[3]) == pytest.approx(
+        e[3] - e[0]
+    )

@@ -53,6 +53,34 @@ def identity(host: str, index: int, seed: int = 0) -> Identity:
     return Identity(index, uuid, _bus(index), str(int(h[32:44], 16) % 10**13).zfill(13))
 
 
+def _interp(segs: list[dict], t: np.ndarray) -> np.ndarray:
+    """E at ``t`` joined linearly between samples, searching the (at most two) time-ordered
+    slices in place: no copy of the ring per reading."""
+    if len(segs) == 2 and segs[1]["t_ns"][0] <= t.min():
+        segs = segs[1:]  # the usual case: a recent instant, in the newer slice
+    if len(segs) == 2:  # the join between the slices is one more sample interval
+        join = {k: np.concatenate([segs[0][k][-1:], segs[1][k][:1]]) for k in segs[0]}
+        segs = [segs[0], join, segs[1]]
+    out = np.empty(t.shape, dtype=np.float64)
+    for i, seg in enumerate(segs):
+        ts, es = seg["t_ns"], seg["energy_mj"]
+        lo = ts[0] if i == 0 else np.iinfo(np.int64).min
+        mask = (t >= lo) & (t <= ts[-1]) if i < len(segs) - 1 else t >= lo
+        if i > 0:
+            mask &= t > segs[i - 1]["t_ns"][-1]
+        if not mask.any():
+            continue
+        x = t[mask]
+        k = np.clip(np.searchsorted(ts, x, side="right"), 1, max(len(ts) - 1, 1))
+        if len(ts) == 1:
+            out[mask] = es[0]
+            continue
+        t0, t1 = ts[k - 1], ts[k]
+        frac = np.clip((x - t0) / np.maximum(t1 - t0, 1), 0.0, 1.0)
+        out[mask] = es[k - 1] + frac * (es[k] - es[k - 1])
+    return out
+
+
 class Node:
     """One host's emulated GPUs, reading the shared state under ``state_dir``."""
 
@@ -62,6 +90,7 @@ class Node:
         state_dir: str | Path,
         host: str | None = None,
         clock=time.time_ns,
+        capacity: int | None = None,
     ):
         self.settings = settings
         self.profile = settings.gpu_profile
@@ -70,11 +99,8 @@ class Node:
         self.clock = clock
         self.gpus = [identity(self.host, i) for i in range(settings.gpus)]
         self._views: dict[int, GpuView] = {}
-
-    @property
-    def capacity(self) -> int:
-        """Samples each GPU's ring keeps: ``HISTORY_S`` at the activity rate, with headroom."""
-        return int(HISTORY_S * self.settings.activity_hz * 1.5) + 2048
+        # Samples each GPU's ring keeps: HISTORY_S at the activity rate, with headroom.
+        self.capacity = capacity or int(HISTORY_S * settings.activity_hz * 1.5) + 2048
 
     def view(self, index: int) -> GpuView:
         if index not in self._views:
@@ -126,15 +152,9 @@ class GpuView:
         segs = self.state.segments()
         if not segs:
             return (t - epoch) * idle / 1e6  # idle before and after the epoch
-        ts = np.concatenate([s["t_ns"] for s in segs]) if len(segs) > 1 else segs[0]["t_ns"]
-        es = (
-            np.concatenate([s["energy_mj"] for s in segs])
-            if len(segs) > 1
-            else segs[0]["energy_mj"]
-        )
-        t_first, e_first, t_last, e_last = ts[0], es[0], ts[-1], es[-1]
-        # Relative to the epoch: float64 then keeps every nanosecond (for 100 days).
-        out = np.interp((t - epoch).astype(np.float64), (ts - epoch).astype(np.float64), es)
+        out = _interp(segs, t)
+        t_first, e_first = segs[0]["t_ns"][0], segs[0]["energy_mj"][0]
+        t_last, e_last = segs[-1]["t_ns"][-1], segs[-1]["energy_mj"][-1]
         before = t < t_first
         out = np.where(before, e_first - (t_first - t) * idle / 1e6, out)
         live = self.owner_alive() if alive is None else alive

@@ -48,7 +48,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "scenarios": frozenset({"dist", "energy", "hw", "job", "measure", "tables", "torchpp", "util"}),
     "aggregate": frozenset({"job", "measure", "tables", "util"}),
     "sweep": frozenset({"job", "util", "validity"}),
-    "launch": frozenset({"job", "measure", "util"}),
+    # hw: the launcher prepares an emulated GPU node's state for the job (hw.emulated).
+    "launch": frozenset({"hw", "job", "measure", "util"}),
     "run": frozenset(
         {
             "backends",

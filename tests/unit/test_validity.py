@@ -52,11 +52,11 @@ def run_job(mod, gpus, reps=3, requests=4, job_id="j1", pp_ranks=None):
     idle["idle_end_ns"] = wall_ns()
     rows = []
     for rep in range(reps):
+        src.begin()  # the window rule's order: edges after the counter's refresh waits
         start = wall_ns()
-        src.begin()
         time.sleep(WINDOW_S)
-        readings = src.end()
         end = wall_ns()
+        readings = src.end()
         for i, r in enumerate(readings):
             pp_rank = (pp_ranks or [0] * len(gpus))[i]
             rows.append(

@@ -147,6 +147,12 @@ class JobDir:
     power = _file("power.parquet", "The power samples of the job's GPUs.")
     requests = _file("requests.parquet", "The engine backends' per-request timings.")
     spec_file = _file(".spec.json", "The spec the ranks read (written by the launcher).")
+    emulated = _file(
+        "emulated",
+        "measurement.device emulated only: the emulated node's settings and ground truth "
+        "(<host>/truth-gpu<i>-<pid>.parquet); published with the job, read by tests and the "
+        "benchmark, never by the pipeline.",
+    )
 
     def outputs(self, batch_sizes, reps: int) -> dict:
         """``spec["outputs"]``: shard paths per batch size, then the job's other files."""

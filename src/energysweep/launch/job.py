@@ -19,9 +19,10 @@ import sys
 import threading
 from pathlib import Path
 
+from energysweep.hw import emulated
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
-from energysweep.job.spec import launched, output_paths, restage
+from energysweep.job.spec import JobDir, launched, output_paths, restage
 from energysweep.launch import cleanup, procs
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.slurm import job_nodes
@@ -118,7 +119,7 @@ def run_job(
     layout = ParallelLayout(spec["job"]["tp"], spec["job"]["pp"], spec["job"]["dp"])
     placement = Placement(layout, spec["job"]["backend"], gpus_per_node)
     # The code version is read where the job runs (energysweep.job.spec.launched).
-    spec = launched(spec, limits, code_version())
+    spec = _with_emulated_output(launched(spec, limits, code_version()))
     final = spec["outputs"]
     base = Path(spec_path).resolve().parent
     staging = base / f".staging-{spec['job_id']}"
@@ -145,13 +146,41 @@ def run_job(
         slurm_job_id=slurm_id,
         engine=spec.get("engine"),
     )
+    if "emulated" in spec["outputs"]:
+        env = _emulated_node(spec, env, log)
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
         _run_as_unit(argv, env, log, spec["job_id"], limits, what, one_node=placement.nodes == 1)
+        if "emulated" in spec["outputs"]:
+            emulated.strip_state(spec["outputs"]["emulated"])
         _publish(spec["outputs"], final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _with_emulated_output(spec: dict) -> dict:
+    """On the emulated node the job also publishes the node's state directory (its truth)."""
+    if spec["measurement"]["device"] == "emulated":
+        spec["outputs"]["emulated"] = JobDir(str(Path(spec["outputs"]["job_json"]).parent)).emulated
+    return spec
+
+
+def _emulated_node(spec: dict, env: dict, log) -> dict:
+    """measurement.device emulated: the node's settings in the job's (staged) state directory,
+    named in the ranks' environment (energysweep.hw.emulated; docs/emulated-node.md)."""
+    import time
+
+    node = emulated.prepare(
+        spec["outputs"]["emulated"], spec["measurement"]["emulated"], time.time_ns()
+    )
+    print(
+        f"emulated GPU node: {node.profile}, {node.gpus} GPUs per node, state in "
+        f"{spec['outputs']['emulated']} (a test of the measurement, never a figure to cite)",
+        file=log,
+        flush=True,
+    )
+    return emulated.job_env(spec["outputs"]["emulated"], node, env)
 
 
 def _run_as_unit(
@@ -227,6 +256,8 @@ def _publish(staged_outputs, final_outputs, what: str) -> None:
     try:
         for src, dst in pairs:
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            if Path(dst).is_dir():  # a directory output (emulated/) of an earlier run
+                shutil.rmtree(dst)
             os.replace(src, dst)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

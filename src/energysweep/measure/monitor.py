@@ -48,7 +48,7 @@ class JobMonitor:
         # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
         self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
         if self.gpu_uuids is None:
-            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device)
+            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
         self.energy = make_source(self.m["energy_source"], ctx.device, self.gpu_uuids)
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)

@@ -215,6 +215,8 @@ def run(
         "host": socket.gethostname(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "require_energy": require,
+        # measurement.device emulated: the profile of the emulated GPU node read here (else null)
+        "emulated_gpu_profile": hw_nvml.emulated_profile(),
         "checks": {},
         "gpus": [],
     }
@@ -247,7 +249,8 @@ def run(
         "ok": checks["rapl"]["status"] == OK,
         "detail": checks["rapl"]["detail"],
     }
-    need = require if require != "auto" else ("gpu" if report["has_gpu"] else "none")
+    has_gpu = report["has_gpu"] or report["emulated_gpu_profile"] is not None
+    need = require if require != "auto" else ("gpu" if has_gpu else "none")
     report["required"] = need
     report["pass"] = {
         "gpu": report["gpu_energy"]["ok"],
@@ -324,6 +327,11 @@ def verdict(reports: list[dict]) -> str:
             f"== {r['host']} (require_energy {r['require_energy']} -> {r['required']}): "
             f"{'PASS' if r['pass'] else 'FAIL'}"
         )
+        if r.get("emulated_gpu_profile"):
+            lines.append(
+                f"   EMULATED GPU node ({r['emulated_gpu_profile']}): these readings test the "
+                "method, they measure no hardware (docs/emulated-node.md)"
+            )
         if not r["has_gpu"]:
             lines.append(
                 f"   This node has no GPU that NVML can read: {r['gpu_energy']['detail']}."

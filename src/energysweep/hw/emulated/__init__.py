@@ -30,6 +30,7 @@ from energysweep.hw.emulated.settings import NodeSettings
 __all__ = [
     "CGROUP_ENV",
     "EMULATED",
+    "cuda_uuids",
     "ENV",
     "FunctionActivity",
     "Node",
@@ -83,6 +84,31 @@ def node_from_env(environ=None, clock=None) -> Node:
     return Node(_settings.read(directory), directory, **kwargs)
 
 
+def cuda_uuids(environ=None) -> list[str]:
+    """UUIDs of the emulated CUDA devices of this process, in CUDA order, without NVML (as
+    CUDA itself names them): ``CUDA_VISIBLE_DEVICES`` entries are indices (under device cgroups,
+    into the job's allocation) or UUID prefixes; an invalid entry ends the list, as in CUDA."""
+    environ = os.environ if environ is None else environ
+    node = node_from_env(environ)
+    listed = list(range(node.settings.gpus))
+    if node.settings.device_cgroups and environ.get(CGROUP_ENV) is not None:
+        listed = [int(x) for x in environ[CGROUP_ENV].split(",") if x.strip()]
+    uuids = [node.gpus[i].uuid for i in listed]
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return uuids
+    out = []
+    for entry in (e.strip() for e in cvd.split(",")):
+        matches = [u for u in uuids if entry.startswith("GPU-") and u.startswith(entry)]
+        if entry.isdigit() and int(entry) < len(uuids):
+            out.append(uuids[int(entry)])
+        elif len(matches) == 1:
+            out.append(matches[0])
+        else:
+            break
+    return out
+
+
 def module_from_env(real, environ=None):
     """The emulated pynvml of this process's job (the node is read at the first nvmlInit)."""
     return make_module(real, lambda: node_from_env(environ), environ=environ)
@@ -95,14 +121,9 @@ def attach(module, uuids: list[str], pids=None) -> Owner:
         module: the emulated pynvml (its node and NVML numbering are used).
         pids: the processes whose CPU activity is the GPUs' load (default: this process).
     """
-    driver = module.emulated_driver
-    module.nvmlInit()
-    try:
-        node = driver.node
-        by_uuid = {g.uuid: g.index for g in node.gpus}
-        indices = [by_uuid[u] for u in uuids]
-    finally:
-        module.nvmlShutdown()
+    node = module.emulated_driver.ensure_node()
+    by_uuid = {g.uuid: g.index for g in node.gpus}
+    indices = [by_uuid[u] for u in uuids]
     activity = PidActivity(pids) if pids is not None else ProcessActivity()
     return Owner(node, indices, activity).start()
 

@@ -98,10 +98,17 @@ class Session:
     def nvmlInit(self):
         self.nvmlInitWithFlags(0)
 
-    def nvmlInitWithFlags(self, flags):
+    def ensure_node(self):
+        """The node (read at first use), without an NVML session: an owner drives its GPUs
+        whether or not NVML works."""
         with self._lock:
             if self.node is None:
                 self.node = self._node_factory()
+            return self.node
+
+    def nvmlInitWithFlags(self, flags):
+        self.ensure_node()
+        with self._lock:
             for f in self.node.settings.faults_of("init_error", self.node.host, None):
                 if f.episode(self.node.t_s(self.now())) is not None:
                     raise self.error(f.error)

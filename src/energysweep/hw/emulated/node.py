@@ -167,10 +167,19 @@ class GpuView:
         s = self.node.settings
         return physics.last_tick(t_ns, s.epoch_ns, self.period_ns, self.jitter_ns, self.key)
 
+    def published(self, t_ns: int) -> int:
+        """The latest instant whose energy is known at ``t_ns``: a refresh becomes visible only
+        once the owner's samples reach it, so a reading never changes twice in one period (as a
+        driver publishes a refresh whole)."""
+        if not self.owner_alive():
+            return t_ns
+        last = self.state.last()
+        return t_ns if last is None else min(t_ns, int(last["t_ns"]))
+
     def _counter_energy(self, t_ns: int) -> float:
-        """Counter value at ``t_ns`` before stuck episodes: E at the latest refresh, from the
-        latest counter reset on."""
-        _, tk = self.tick(t_ns)
+        """Counter value at ``t_ns`` before stuck episodes: E at the latest published refresh,
+        from the latest counter reset on."""
+        _, tk = self.tick(self.published(t_ns))
         value = float(self.energy_mj(tk)) + self.base_mj
         s = self.node.settings
         latest = None
@@ -205,7 +214,7 @@ class GpuView:
     def power_w(self, t_ns: int, window_s: float | None = None) -> float:
         """The power reading at ``t_ns`` (default window: the node's averaging window)."""
         s = self.node.settings
-        k, _ = self.tick(t_ns)
+        k, _ = self.tick(self.published(t_ns))
         window = s.power_avg_window_s if window_s is None else window_s
         return float(
             physics.power_reading_w(

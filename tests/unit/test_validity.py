@@ -178,7 +178,7 @@ def test_missing_uuid_is_no_gpu_energy_and_unchecked(fake_nvml):
     from energysweep import energy
 
     mod = fake_nvml(fake_pynvml.h100s(1))
-    src = energy.make_source("auto", "cuda:0", ["GPU-deadbeef-not-in-nvml"])
+    src = energy.make_source("auto", "cuda:0", ["GPU-deadbeef-0000-0000-0000-000000000000"])
     (r,) = (src.begin(), src.end())[1]
     assert r.energy_mj is None and "NVMLError_NotFound" in r.detail
     rows = shards.to_table(

@@ -161,7 +161,7 @@ def run_job(
 
 def _with_emulated_output(spec: dict) -> dict:
     """On the emulated node the job also publishes the node's state directory (its truth)."""
-    if spec["measurement"]["device"] == "emulated":
+    if spec.get("measurement", {}).get("device") == "emulated":
         spec["outputs"]["emulated"] = JobDir(str(Path(spec["outputs"]["job_json"]).parent)).emulated
     return spec
 

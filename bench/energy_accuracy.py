@@ -128,9 +128,9 @@ class Bench:
     """One emulated H100 in virtual time: a clock whose sleep advances the owner and runs the
     10 Hz timeline sampler and the 1 Hz poller when due."""
 
-    def __init__(self, tmp: Path, rng: np.random.Generator):
+    def __init__(self, tmp: Path, rng: np.random.Generator, **overrides):
         self.t = EPOCH_NS
-        section = es_settings.section_defaults()
+        section = {**es_settings.section_defaults(), **overrides}
         self.node = Node(
             emulated.prepare(tmp, section, EPOCH_NS), tmp, host="bench", clock=lambda: self.t
         )
@@ -141,7 +141,7 @@ class Bench:
         self.owner = emulated.Owner(self.node, [0], emulated.FunctionActivity(lambda t: 0.0))
         self.rng = rng
         self.loads: list[tuple[int, int, object]] = []  # (start ns, end ns, pattern)
-        self.timeline: list[tuple[int, int, int]] = []
+        self.timeline: list[tuple[int, int, int, int]] = []  # time, power, counter, reasons
         self.next_sample = EPOCH_NS + int(rng.uniform(0, 0.1) * 1e9)
         self.poll: list | None = None  # 1 Hz poller: [next due ns, last ns, joules]
         self._in_task = False
@@ -185,14 +185,36 @@ class Bench:
         self._in_task = True
         try:
             if due == self.next_sample:
-                power = self.nvml.nvmlDeviceGetPowerUsage(self.handle)
-                self.timeline.append((self.t, power, 0))
+                self.timeline.append(self._sample())
                 self.next_sample += 100_000_000
             if self.poll and due == self.poll[0]:
                 self._poll_read()
                 self.poll[0] += 1_000_000_000
         finally:
             self._in_task = False
+
+    def _sample(self) -> tuple[int, int, int, int]:
+        """One power-timeline sample, as energysweep's sampler takes it (errors: -1)."""
+        out = [self.t]
+        for fn in (
+            self.nvml.nvmlDeviceGetPowerUsage,
+            self.nvml.nvmlDeviceGetTotalEnergyConsumption,
+            self.nvml.nvmlDeviceGetCurrentClocksEventReasons,
+        ):
+            try:
+                out.append(fn(self.handle))
+            except real.NVMLError:
+                out.append(-1)
+        return tuple(out)
+
+    def timeline_of(self):
+        """energysweep's Timeline (the re-check's engine) over the samples taken so far."""
+        from energysweep.validity.timeline import Timeline
+
+        tl = np.array([x for x in self.timeline if x[1] >= 0], dtype=np.int64)
+        return Timeline(
+            tl[:, 0], tl[:, 1].astype(float), tl[:, 2].astype(float), tl[:, 3].astype(float)
+        )
 
     def _poll_read(self) -> None:
         power = self.nvml.nvmlDeviceGetPowerUsage(self.handle)
@@ -267,7 +289,6 @@ def run_pattern(name: str, pattern, lengths, reps: int, seed: int) -> list[dict]
     """Every window of one load shape on a fresh emulated GPU; errors against its truth."""
     from energysweep.energy.nvml import NvmlSource
     from energysweep.hw import nvml as hw_nvml
-    from energysweep.validity.timeline import Timeline
 
     with tempfile.TemporaryDirectory() as tmp:
         b = Bench(Path(tmp), np.random.default_rng(seed))
@@ -288,10 +309,7 @@ def run_pattern(name: str, pattern, lengths, reps: int, seed: int) -> list[dict]
         b.sleep(2.0)  # the timeline covers the last window
         b.owner.close()
         truth = Truth.read(tmp)
-        tl = np.array(b.timeline, dtype=np.int64)
-        timeline = Timeline(
-            tl[:, 0], tl[:, 1].astype(float), tl[:, 2].astype(float), np.full(len(tl), np.nan)
-        )
+        timeline = b.timeline_of()
         rows = []
         for kind, length, w in windows:
             true_j = float(truth.energy_mj(b.uuid, w["start"], w["end"])) / 1e3

@@ -127,6 +127,9 @@ def test_stuck_counter_fault_freezes_the_counter_for_its_episode(tmp_path):
     after = [c for t, c in series if t >= clock.at(5.2)]
     assert len(set(during)) == 1
     assert after[0] > during[0] and after == sorted(after)
+    # The episode's energy is lost for good: it resumes from the frozen value, so from the
+    # episode's start to 7 s it counts only the 2 s after the episode (idle: 70 W).
+    assert series[-1][1] - during[0] == pytest.approx(70_000 * 2.0, abs=70_000 * 0.25)
 
 
 def test_counter_reset_fault_restarts_the_counter_near_zero(tmp_path):

@@ -15,6 +15,10 @@ from energysweep.energy import (
 )
 from energysweep.hw import nvml as hw_nvml
 
+# The power timeline goes on this long after the last window: the re-check integrates the power
+# reading validity.power_average_s (at most 1 s) past each window's end.
+SAMPLER_TAIL_S = 1.2
+
 
 def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
     return energy_mj / 1e3 / duration_s if energy_mj is not None and duration_s > 0 else None
@@ -141,6 +145,8 @@ class JobMonitor:
 
     def finish(self) -> list[dict]:
         """Stop the sampler and take the end snapshot (collective); returns this rank's samples."""
+        if self.sampler.active:  # the re-check integrates the lagging power past the last edge
+            self.sleep(SAMPLER_TAIL_S)
         samples = self.sampler.stop()
         self.env_end = dist.gather(self._rank_snapshot(with_host=False))
         return samples

@@ -67,6 +67,7 @@ DEFAULTS = {
     "max_idle_std_w": 5,
     "throttle_reasons": ["hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"],
     "max_recheck_deviation": 0.1,
+    "power_average_s": 1.0,
     "min_batch_fill": 1.0,
     "require_timeline": True,
 }
@@ -330,5 +331,5 @@ def evaluate(
     power = tp.load_power(
         [Path(j).with_name(tp.FILENAME) for j in jobs if Path(j).with_name(tp.FILENAME).is_file()]
     )
-    validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
+    validation = rc.recheck(rows, power, rc.idle_bounds(jobs), settings(cfg)["power_average_s"])
     return annotate(summary, rows, validation, cfg), validation, st.stage_table(rows)

@@ -203,13 +203,19 @@ class GpuView:
         return float(self.energy_mj(self.tick(start_ns)[1]))
 
     def counter_mj(self, t_ns: int) -> int:
-        """``nvmlDeviceGetTotalEnergyConsumption`` at ``t_ns``."""
+        """``nvmlDeviceGetTotalEnergyConsumption`` at ``t_ns``: a stuck counter stays at its
+        value from the episode's start, and the energy of the episode is lost for good (it
+        resumes from where it stopped, as in Zeus #181: 187 J counted of 327 J drawn)."""
+        epoch, lost, at = self.node.settings.epoch_ns, 0.0, t_ns
         for f in self.node.settings.faults_of("stuck_counter", self.node.host, self.index):
-            ep = f.episode(self.node.t_s(t_ns))
-            if ep is not None:
-                t_ns = self.node.settings.epoch_ns + int(round(ep[1] * 1e9))
-                break
-        return int(self._counter_energy(t_ns))
+            for start, end in f.episodes_until(self.node.t_s(t_ns)):
+                a = epoch + int(round(start * 1e9))
+                if end is None or self.node.t_s(t_ns) < end:
+                    at = min(at, a)  # inside the episode: frozen at its start
+                else:
+                    b = epoch + int(round(end * 1e9))
+                    lost += self._counter_energy(b) - self._counter_energy(a)
+        return int(self._counter_energy(at) - lost)
 
     def power_w(self, t_ns: int, window_s: float | None = None) -> float:
         """The power reading at ``t_ns`` (default window: the node's averaging window)."""

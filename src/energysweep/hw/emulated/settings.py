@@ -83,6 +83,14 @@ class Fault:
             return None
         return k, self.start_s + k * (self.repeat_s or 0.0)
 
+    def episodes_until(self, t_s: float) -> list[tuple[float, float | None]]:
+        """(start, end or None) of every episode that started at or before ``t_s``."""
+        last = self.last_start(t_s)
+        if last is None:
+            return []
+        starts = [self.start_s + k * (self.repeat_s or 0.0) for k in range(last[0] + 1)]
+        return [(a, None if self.duration_s is None else a + self.duration_s) for a in starts]
+
     def last_start(self, t_s: float) -> tuple[int, float] | None:
         """(occurrence, start) of the latest episode that started at or before ``t_s``."""
         e = t_s - self.start_s

@@ -13,19 +13,12 @@ import json
 
 import pandas as pd
 import pytest
-from emulated_truth import against_truth
+from emulated_truth import against_truth, assert_matches_truth
 
 from energysweep.hw.emulated.node import identity
 from energysweep.results import unexplained_nulls
 
 pytestmark = [pytest.mark.integration]
-
-# The bound, measured on this machine (2 cores, load 9-12 from other work): each window's error
-# is at most the window's energy of 50 ms (seen: 30 ms; the ranks leave a barrier up to tens of
-# ms apart under load, and the emulated GPU follows the polling ranks' CPU), and the median at
-# most 1%. At 5 s windows 50 ms is 1%; bench/energy_accuracy.py measures the method itself.
-MAX_ERROR_S = 0.05
-MAX_MEDIAN_PCT = 1.0
 
 
 @pytest.mark.timeout(900)
@@ -57,18 +50,7 @@ def test_every_gpu_column_is_filled_and_says_emulated(emulated_run):
 @pytest.mark.timeout(900)
 def test_energy_per_window_matches_the_ground_truth(emulated_run):
     wf, _ = emulated_run
-    rows = against_truth(wf)
-    assert len(rows) and rows["truth_mj"].notna().all()
-    worst = rows.loc[rows["error_pct"].abs().idxmax()]
-    err = rows["error_pct"].abs()
-    span = f"{rows['window_s'].min():.2f}-{rows['window_s'].max():.2f} s"
-    print(
-        f"{len(rows)} GPU windows of {span}: |error| median {err.median():.3f}%, worst "
-        f"{err.max():.3f}%"
-    )
-    assert rows["error_pct"].abs().median() <= MAX_MEDIAN_PCT
-    error_s = (rows["gpu_energy_mj"] - rows["truth_mj"]).abs() / rows["truth_mj"] * rows["window_s"]
-    assert error_s.max() <= MAX_ERROR_S, worst[["phase", "rank", "window_s", "error_pct"]]
+    assert_matches_truth(against_truth(wf))
 
 
 @pytest.mark.timeout(900)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from emulated_truth import against_truth
+from emulated_truth import against_truth, assert_matches_truth
 
 from energysweep.hw.emulated.node import identity
 from energysweep.launch import procs
@@ -209,9 +209,8 @@ def test_multinode_sweep_matches_single_process(slurm_multinode, tmp_path):
     assert e["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
     for wf, _ in runs:
         truth = against_truth(wf)
-        error_s = (truth["gpu_energy_mj"] - truth["truth_mj"]).abs() / truth["truth_mj"]
-        assert truth["truth_mj"].notna().all() and truth["gpu_energy_mj"].gt(0).all()
-        assert (error_s * truth["window_s"]).max() <= 0.05, truth["error_pct"].describe()
+        assert truth["gpu_energy_mj"].gt(0).all()
+        assert_matches_truth(truth)
     assert set(against_truth(Path(multi["wf"].iloc[0]))["host"]) == {"esnode1", "esnode2"}
 
     # Same numbers as one process: the same tokens for the same prompts in the same batches

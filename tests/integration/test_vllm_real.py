@@ -281,7 +281,7 @@ def test_vllm_ranks_measured_their_emulated_gpus(sweep):
     """Each vLLM rank (engine core in the rank, external_launcher) owned one emulated GPU and
     measured it through NVML; every window's energy is its ground truth's (tests/integration/
     test_emulated_pipeline.py says why 50 ms of the window's energy bounds the error)."""
-    from emulated_truth import against_truth
+    from emulated_truth import against_truth, assert_matches_truth
 
     sweep, _ = sweep
     rows = against_truth(sweep)
@@ -290,9 +290,8 @@ def test_vllm_ranks_measured_their_emulated_gpus(sweep):
     assert vllm["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
     assert (vllm.groupby("job_id")["gpu_uuid"].nunique() == vllm.groupby("job_id")["world_size"]
             .first()).all()  # fmt: skip
-    assert vllm["truth_mj"].notna().all() and vllm["gpu_energy_mj"].gt(0).all()
-    error_s = (rows["gpu_energy_mj"] - rows["truth_mj"]).abs() / rows["truth_mj"] * rows["window_s"]
-    assert error_s.max() <= 0.05, rows.loc[error_s.idxmax(), ["backend", "window_s", "error_pct"]]
+    assert vllm["gpu_energy_mj"].gt(0).all()
+    assert_matches_truth(rows)
 
 
 @pytest.mark.timeout(900)

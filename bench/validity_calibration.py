@@ -113,7 +113,8 @@ def checks(timeline, windows, idle) -> dict:
             span = int(c["power_average_s"] * 1e9)
             tl = timeline.window(w["start"], w["end"], span)
             unlagged = timeline.window(w["start"], w["end"])["timeline_energy_j"]
-            out.setdefault("deviation_unlagged", []).append(abs(unlagged / w["counter_j"] - 1))
+            plain = abs(unlagged / w["counter_j"] - 1) if w["counter_j"] else np.inf
+            out.setdefault("deviation_unlagged", []).append(plain)
             dur = (w["end"] - w["start"]) / 1e9
             dev = abs(tl["timeline_energy_j"] / w["counter_j"] - 1) if w["counter_j"] else np.inf
             fails["recheck_mismatch"] = bool(dev > c["max_recheck_deviation"])

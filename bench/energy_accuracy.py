@@ -7,8 +7,8 @@ read latency), in virtual time, against the node's exact energy integral:
 - ``ours: counter, tick-aligned``: energysweep's NVML source (energy/nvml.py), whose window edges
   wait for a counter refresh (energy/ticks.py); the load starts once the start edge returns;
 - ``counter, unaligned``: the same counter read once at each edge (what the source did before);
-- ``ours: timeline 10 Hz``: the re-check's figure, the trapezoid integral of the 10 Hz power
-  timeline (energysweep's Timeline, as the merge computes it);
+- ``ours: timeline 10 Hz``: the re-check's figure, the integral of the 10 Hz power timeline with
+  NVML's 1 s power averaging undone (energysweep's Timeline, as the merge computes it);
 - ``1 Hz power x time``: the power reading polled every second, each reading times the time
   since the previous one (the method the issue names for srt-slurm, InferenceX and the
   vLLM/SGLang --record-power PRs);
@@ -60,6 +60,14 @@ QUICK_LENGTHS = [0.5, 5.0]
 SAMPLE_S = 0.004  # the owner's activity sampling interval (250 Hz)
 IDLE_S = 3.0  # idle before each window
 EPOCH_NS = 1_750_000_000 * 10**9
+
+
+def power_average_s() -> float:
+    """validity.power_average_s's default (the schema's), as the merge's re-check uses it."""
+    import yaml
+
+    schema = yaml.safe_load(es_settings.SCHEMA_PATH.read_text())
+    return float(schema["properties"]["validity"]["properties"]["power_average_s"]["default"])
 
 
 def square(hz: float, low: float = 0.1, high: float = 1.0):
@@ -315,8 +323,10 @@ def run_pattern(name: str, pattern, lengths, reps: int, seed: int) -> list[dict]
             true_j = float(truth.energy_mj(b.uuid, w["start"], w["end"])) / 1e3
             measured = {k: v for k, v in w.items() if k in METHODS}
             if kind == "unaligned":
+                # The re-check's figure: NVML's power averaging undone (validity.power_average_s).
+                span = int(power_average_s() * 1e9)
                 measured["ours: timeline 10 Hz"] = float(
-                    timeline.window(w["start"], w["end"])["timeline_energy_j"]
+                    timeline.window(w["start"], w["end"], span)["timeline_energy_j"]
                 )
             for method, joules in measured.items():
                 rows.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pynvml as real
 
 from energysweep.hw import emulated
@@ -51,3 +52,52 @@ def run_owner(owner, clock, seconds: float, hz: float = 250.0) -> None:
     for _ in range(steps):
         clock.sleep(1.0 / hz)
         owner.step(clock())
+
+
+class VirtualJob:
+    """One emulated node on a virtual clock: sleeping advances the owners and samples power."""
+
+    def __init__(self, tmp_path, gpus: int, faults: list[dict]):
+        self.node, self.nvml, self.clock = make_node(tmp_path, faults=faults)
+        self.clock.sleep = self.sleep
+        self.nvml.emulated_driver.sleep = self.sleep
+        self.busy = False
+        self.owner = emulated.Owner(
+            self.node, list(range(gpus)), emulated.FunctionActivity(lambda t: self.load())
+        )
+        self.samples: list[dict] = []
+        self.next_sample = EPOCH_NS
+        self.uuids = [g.uuid for g in self.node.gpus[:gpus]]
+
+    def load(self) -> float:
+        return 0.8 if self.busy else 0.0
+
+    def sleep(self, seconds: float) -> None:
+        """Advance the clock: the owner's 4 ms samples in bulk, the 10 Hz timeline when due."""
+        target = self.clock.t + int(round(seconds * 1e9))
+        while self.clock.t < target:
+            stop = min(target, self.next_sample)
+            times = np.arange(self.clock.t + 4_000_000, stop, 4_000_000, dtype=np.int64)
+            times = np.append(times, stop) if not len(times) or times[-1] != stop else times
+            self.owner.advance(times, np.full(len(times), self.load()))
+            self.clock.t = stop
+            if stop >= self.next_sample:
+                self.next_sample += 100_000_000
+                self._sample()
+
+    def _sample(self) -> None:
+        try:
+            self.nvml.nvmlInit()
+        except real.NVMLError:
+            return  # NVML fails on this node: no timeline
+        for uuid in self.uuids:
+            r = {"job_id": "j1", "gpu_uuid": uuid, "time_ns": self.clock.t}
+            try:
+                h = self.nvml.nvmlDeviceGetHandleByUUID(uuid)
+                r["power_mw"] = self.nvml.nvmlDeviceGetPowerUsage(h)
+                r["energy_counter_mj"] = self.nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+                r["clock_event_reasons"] = self.nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+            except real.NVMLError:
+                continue
+            self.samples.append(r)
+        self.nvml.nvmlShutdown()

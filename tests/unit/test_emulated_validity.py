@@ -17,64 +17,17 @@ import pytest
 from energysweep import aggregate
 from energysweep.energy.nvml import CounterWentBackwards, NvmlSource
 from energysweep.energy.unavailable import UnavailableSource
-from energysweep.hw import emulated
 from energysweep.hw import nvml as hw_nvml
 from energysweep.tables import shards
 from energysweep.validity import recheck
 from energysweep.validity import verdict as validity
 
-from emulated_helpers import EPOCH_NS, make_node
+from emulated_helpers import VirtualJob
 from tests_rows import row
 
 WINDOW_S, COOLDOWN_S, REPS = 5.2, 2.0, 3
 # The schema's thresholds, less those a 3-window test job cannot meet by design.
 CFG = {"min_iterations": 1, "min_steady_state_s": 0, "max_ci_half_width": 1.0}
-
-
-class VirtualJob:
-    """One emulated node on a virtual clock: sleeping advances the owners and samples power."""
-
-    def __init__(self, tmp_path, gpus: int, faults: list[dict]):
-        self.node, self.nvml, self.clock = make_node(tmp_path, faults=faults)
-        self.clock.sleep = self.sleep
-        self.nvml.emulated_driver.sleep = self.sleep
-        self.busy = False
-        self.owner = emulated.Owner(
-            self.node, list(range(gpus)), emulated.FunctionActivity(lambda t: self.load())
-        )
-        self.samples: list[dict] = []
-        self.next_sample = EPOCH_NS
-        self.uuids = [g.uuid for g in self.node.gpus[:gpus]]
-
-    def load(self) -> float:
-        return 0.8 if self.busy else 0.0
-
-    def sleep(self, seconds: float) -> None:
-        target = self.clock.t + int(round(seconds * 1e9))
-        while self.clock.t < target:
-            step = min(target, self.clock.t + 4_000_000)
-            self.clock.t = step
-            self.owner.step(step)
-            if step >= self.next_sample:
-                self.next_sample += 100_000_000
-                self._sample()
-
-    def _sample(self) -> None:
-        try:
-            self.nvml.nvmlInit()
-        except real.NVMLError:
-            return  # NVML fails on this node: no timeline
-        for uuid in self.uuids:
-            r = {"job_id": "j1", "gpu_uuid": uuid, "time_ns": self.clock.t}
-            try:
-                h = self.nvml.nvmlDeviceGetHandleByUUID(uuid)
-                r["power_mw"] = self.nvml.nvmlDeviceGetPowerUsage(h)
-                r["energy_counter_mj"] = self.nvml.nvmlDeviceGetTotalEnergyConsumption(h)
-                r["clock_event_reasons"] = self.nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-            except real.NVMLError:
-                continue
-            self.samples.append(r)
-        self.nvml.nvmlShutdown()
 
 
 def run_job(tmp_path, monkeypatch, faults: list[dict], gpus: int = 1):

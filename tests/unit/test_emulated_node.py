@@ -292,3 +292,18 @@ def test_readings_stay_exact_when_the_shared_ring_wraps(tmp_path):
     assert truth.Truth.read(tmp_path).energy_mj(node.gpus[0].uuid, t[0], t[3]) == pytest.approx(
         e[3] - e[0]
     )
+
+
+def test_a_refresh_shows_only_once_the_owner_has_reached_it(tmp_path):
+    """The counter changes once per refresh: while the owner's samples lag behind a refresh
+    (a starved owner thread), readers still see the previous one, never a partial value."""
+    node, nvml, clock = make_node(tmp_path, counter_jitter_s=0.0)
+    h = _gpu0(node, nvml)
+    owner = Owner(node, [0], steady(1.0))
+    run_owner(owner, clock, 1.048, hz=250)  # samples up to ~1.048 s; refreshes at 1.0, 1.1
+    before = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    clock.t = clock.at(1.15)  # past the 1.1 s refresh, the owner still at ~1.048 s
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(h) == before
+    owner.step(clock())  # the owner catches up: the 1.1 s refresh, whole
+    after = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    assert after - before == pytest.approx(700 * 100, abs=1)  # 100 ms at 700 W, in mJ

@@ -72,3 +72,24 @@ def test_a_rank_process_drives_its_gpu_and_others_read_it(tmp_path):
     idle_outside = 70 * ((lo - start) + (end - hi)) / 1e6
     assert e1 - e0 == pytest.approx(inside + idle_outside, abs=700 * 0.1 * 1000 * 2)
     assert inside > 70 * (hi - lo) / 1e6 * 1.2  # the busy second drew more than idle
+
+
+def test_pid_activity_follows_the_processes_it_is_given():
+    """A GPU's load can be other processes (an inference server's workers): their CPU time."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        fractions = {}
+        for name, proc in (("busy", busy), ("idle", idle)):
+            act = emulated.PidActivity([proc.pid])
+            t0 = time.time_ns()
+            act.fraction(t0, t0)
+            time.sleep(0.5)
+            fractions[name] = act.fraction(t0, time.time_ns())
+        assert fractions["busy"] > 0.1 and fractions["idle"] < 0.02, fractions
+        assert emulated.PidActivity(lambda: []).fraction(0, 1) == 0.0  # none: idle
+    finally:
+        for proc in (busy, idle):
+            proc.kill()
+            proc.wait(timeout=10)

@@ -100,3 +100,23 @@ def test_recheck_stages_and_report_carry_gpu_energy(emulated_run):
         assert "settings.json" in files and any(f.startswith("truth-gpu") for f in files)
         assert not any(f.endswith(".state") for f in files)
         assert json.loads(job.read_text())["environment"]["emulated_gpu_profile"] == "h100-sxm"
+
+
+@pytest.mark.timeout(300)
+def test_preflight_reads_the_emulated_node(emulated_run):
+    """`make preflight` on an emulated node: its idle GPUs' counters advance every refresh,
+    Zeus agrees with NVML, and the verdict says the node is emulated."""
+    import subprocess
+
+    from conftest import test_env
+
+    wf, cfg = emulated_run
+    argv = ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}", "--forcerun",
+            "preflight_node", "preflight"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=wf, env=test_env(), capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdict = (wf / "results" / "preflight" / "verdict.txt").read_text()
+    assert "EMULATED GPU node (h100-sxm)" in verdict and "Preflight PASSED" in verdict
+    assert "require_energy auto -> gpu" in verdict
+    assert "advances every 10" in verdict and "zeus     ok" in verdict, verdict

@@ -10,10 +10,10 @@ rows of unavailable energy instead.
 from __future__ import annotations
 
 import pytest
-from jobspec import job_spec
+from jobspec import job_spec, limits
 
 from energysweep.hw.emulated import settings as es_settings
-from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import JobDir
 from energysweep.launch.job import JobFailed, run_job
 from energysweep.sweep.tinymodel import build_tiny_model
 
@@ -47,16 +47,10 @@ def model_dir(tmp_path_factory):
 def test_required_gpu_energy_stops_the_job_before_the_model_loads(case, model_dir, tmp_path):
     measurement, reason = CASES[case]
     out = tmp_path / "job"
-    spec = job_spec(
-        ParallelLayout(1, 1, 1),
-        "inference",
-        model_dir,
-        out,
-        measurement={"require_energy": "gpu", **measurement},
-    )
+    spec = job_spec(measurement={"require_energy": "gpu", **measurement})
     log_path = tmp_path / "measure.log"
     with open(log_path, "w") as log, pytest.raises(JobFailed, match="exited 1"):
-        run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=8, timeout_s=240)
+        run_job(spec, JobDir(str(out)), str(model_dir), limits(job_timeout_s=240), log, cpus=1)
     text = log_path.read_text()
     assert "EnergyRequired: measurement.require_energy is gpu" in text, text[-3000:]
     assert "stops before loading the model" in text

@@ -48,7 +48,7 @@ TINY = {
 }
 # The layout sweep runs on emulated GPU nodes with the 4 GPUs each node's GRES declares: every
 # rank owns the GPU CUDA_VISIBLE_DEVICES names on its own node (docs/emulated-node.md).
-EMULATED = {**TINY["measurement"], "device": "emulated", "emulated": {"gpus": 4}}
+EMULATED = {**TINY["measurement"], "device": "emulated", "emulated": {"node_gpus": 4}}
 # gpus_per_node 1: tp2, pp2, dp2 each span 2 nodes with one rank per node; the cross product's
 # tp1·pp1·dp1 runs on one node in the same sweep: the single-process reference.
 # gpus_per_node 2: tp2×dp2 spans 2 nodes, 2 ranks per node.

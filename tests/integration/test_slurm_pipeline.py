@@ -156,7 +156,7 @@ def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
     and every window's energy is its ground truth's."""
     wf = workflow_copy(tmp_path)
     models = [{"name": f"tiny-{i}", "path": "builtin:tiny", "spec": {"seed": i}} for i in range(3)]
-    emulated = {"device": "emulated", "emulated": {"gpus": 4}}
+    emulated = {"device": "emulated", "emulated": {"node_gpus": 4}}
     over = {**SMALL, **INFERENCE, "models": models, "parallel": {"dp": [2]}}
     cfg = write_config(wf, {**over, "measurement": emulated})
     proc = snakemake(wf, cfg)

@@ -30,7 +30,10 @@ def load(emulated: dict) -> None:
         ({"counter_period_s": -0.1}, "measurement.emulated.counter_period_s"),
         ({"counter_period_s": 0}, "measurement.emulated.counter_period_s"),
         ({"faults": [{"kind": "stuck_counter", "gpu": 8}]}, "measurement.emulated.faults[0].gpu"),
-        ({"gpus": 2, "faults": [{"kind": "throttle", "gpu": 2}]}, "faults[0].gpu: GPU 2 does not"),
+        (
+            {"node_gpus": 2, "faults": [{"kind": "throttle", "gpu": 2}]},
+            "faults[0].gpu: GPU 2 does not",
+        ),
         ({"faults": [{"kind": "melt"}]}, "measurement.emulated.faults[0].kind"),
         ({"counter_jitter_s": 0.05}, "measurement.emulated.counter_jitter_s"),
         ({"refusals": [{"call": "nvmlDeviceGetName"}]}, "measurement.emulated.refusals[0].call"),

@@ -169,7 +169,7 @@ def test_nvml_error_fault_raises_on_that_gpu_during_its_episode_only(tmp_path):
 
 
 def test_missing_gpu_fault_hides_it_from_nvml(tmp_path):
-    node, nvml, clock = make_node(tmp_path, gpus=4, faults=[{"kind": "missing_gpu", "gpu": 2}])
+    node, nvml, clock = make_node(tmp_path, node_gpus=4, faults=[{"kind": "missing_gpu", "gpu": 2}])
     nvml.nvmlInit()
     assert nvml.nvmlDeviceGetCount() == 3
     listed = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(3)]

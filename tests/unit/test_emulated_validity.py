@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pynvml as real
 import pytest
+from jobspec import validated_config
 
 from energysweep import aggregate
 from energysweep.energy.nvml import CounterWentBackwards, NvmlSource
@@ -28,6 +29,7 @@ from tests_rows import row
 WINDOW_S, COOLDOWN_S, REPS = 5.2, 2.0, 3
 # The schema's thresholds, less those a 3-window test job cannot meet by design.
 CFG = {"min_iterations": 1, "min_steady_state_s": 0, "max_ci_half_width": 1.0}
+THRESHOLDS = validity.Thresholds.from_config(validated_config(validity=CFG)["validity"])
 
 
 def run_job(tmp_path, monkeypatch, faults: list[dict], gpus: int = 1):
@@ -54,8 +56,8 @@ def run_job(tmp_path, monkeypatch, faults: list[dict], gpus: int = 1):
     columns = ["job_id", "gpu_uuid", "time_ns", "power_mw", "energy_counter_mj",
                "clock_event_reasons"]  # fmt: skip
     power = pd.DataFrame(job.samples, columns=columns)
-    table = recheck.recheck(rows, power, idle, power_average_s=1.0)
-    return validity.annotate(summary, rows, table, CFG), rows
+    table = recheck.recheck(rows, power, idle, THRESHOLDS.power_average_s)  # the schema's 1 s
+    return validity.annotate(summary, rows, table, THRESHOLDS), rows
 
 
 def window_rows(job, sources, rep: int) -> list[dict]:

@@ -22,14 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SWEEP = {
-    "models": [{"name": "tiny-llama", "path": "builtin:tiny"}],
-    "backends": ["pytorch"],
-    "scenarios": ["inference"],
-    "parallel": {"tp": [1], "pp": [1], "dp": [1]},
-    "workload": {"batch_sizes": [4], "repetitions": 3, "iterations": 2},
-    "measurement": {"energy_source": "cross-check", "min_window_s": 5, "idle_baseline_s": 5},
-}
+# The short sweep's config, in the workflow (measurement.device is set here).
+SWEEP_CONFIG = "config/gpu-check.yaml"
 WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src", "envs")
 
 
@@ -41,11 +35,15 @@ def profile_for(gpu_name: str) -> str:
 def node_figures(seconds: float) -> dict:
     """This node's preflight (first GPU): counter period, read latency, idle power, Zeus ratio."""
     from energysweep.hw import nvml as hw_nvml
+    from energysweep.job.sections import schema_defaults
     from energysweep.validity import preflight
 
+    validity = schema_defaults("validity")  # no config here: the schema's thresholds
     report = preflight.run(
         seconds=seconds,
         require="gpu",
+        max_idle_std_w=validity["max_idle_std_w"],
+        throttle_reasons=validity["throttle_reasons"],
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         torch_uuids=hw_nvml.torch_uuids,
     )
@@ -78,10 +76,10 @@ def sweep_figures(workflow: Path, emulated: bool, timeout_s: float) -> dict:
                 shutil.copytree(src, wf / name, ignore=shutil.ignore_patterns("__pycache__"))
             elif src.exists():
                 shutil.copy2(src, wf / name)
-        config = json.loads(json.dumps(SWEEP))
+        config = yaml.safe_load((workflow / SWEEP_CONFIG).read_text())
         config["measurement"]["device"] = "emulated" if emulated else "cuda"
-        (wf / "config" / "gpu-check.yaml").write_text(yaml.safe_dump(config))
-        argv = ["snakemake", "--profile", "profiles/local", "--configfile=config/gpu-check.yaml"]
+        (wf / SWEEP_CONFIG).write_text(yaml.safe_dump(config))
+        argv = ["snakemake", "--profile", "profiles/local", f"--configfile={SWEEP_CONFIG}"]
         proc = subprocess.run(argv, cwd=wf, capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
             raise SystemExit(f"the gpu-check sweep failed:\n{proc.stderr[-4000:]}")

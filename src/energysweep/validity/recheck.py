@@ -33,8 +33,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, power_files, reason_names
+from energysweep.job.spec import JobDir
+from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, reason_names
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.tables.status import ACCEPTED, Status
 from energysweep.validity.timeline import (
     NO_COUNTER,
     NO_TIMELINE,
@@ -104,16 +106,13 @@ def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
     )
     gpu_less = gpu_less[gpu_less["_merge"] == "left_only"].drop(columns="_merge")
     out = pd.concat([with_gpu, gpu_less], ignore_index=True).drop(columns="_has_gpu")
-    measured = out["gpu_energy_status"].isin(["measured", "short-window"]) & out["status"].eq("ok")
+    measured = out["gpu_energy_status"].isin(ACCEPTED) & out["status"].eq(Status.OK)
     out["counter_energy_j"] = (out["gpu_energy_mj"] / 1e3).where(measured)
     return out
 
 
 def recheck(
-    rows: pd.DataFrame,
-    power: pd.DataFrame,
-    idle: pd.DataFrame | None = None,
-    power_average_s: float = 0.0,
+    rows: pd.DataFrame, power: pd.DataFrame, idle: pd.DataFrame | None, power_average_s: float
 ) -> pd.DataFrame:
     """The validation table: re-check rows per (window, GPU), per window, and per idle baseline.
 
@@ -121,8 +120,8 @@ def recheck(
         rows: the merged energy table (shard rows) as pandas, or the columns this reads.
         power: power samples (:func:`load_power`).
         idle: per job the idle bounds (:func:`idle_bounds`); None skips the idle rows.
-        power_average_s: the span NVML's power reading averages over
-            (validity.power_average_s; Timeline.windows says how it is undone).
+        power_average_s: the span NVML's power reading averages over (validity.power_average_s,
+            undone as Timeline.windows says); 0: not averaged (the fake's constant power).
 
     Returns:
         :data:`VALIDATION_COLUMNS`; ``scope`` is ``gpu`` (one GPU in one window), ``window``
@@ -364,9 +363,9 @@ def from_published(
     )
     for k in ("model", "backend"):  # hive partition columns come back as dictionaries
         rows[k] = rows[k].astype(str)
-    idle = idle_bounds(sorted(Path(shards_dir).rglob("job.json")))
+    idle = idle_bounds(JobDir.find(shards_dir, "job_json"))
     span = published_average_s(energy) if power_average_s is None else power_average_s
-    return recheck(rows, load_power(power_files(shards_dir)), idle, span)
+    return recheck(rows, load_power(JobDir.find(shards_dir, "power")), idle, span)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,7 @@ class Identity:
         return f"0000:{self.bus:02X}:00.0"
 
 
-def identity(host: str, index: int, seed: int = 0) -> Identity:
+def identity(host: str, index: int) -> Identity:
     """The GPU at ``index`` of node ``host``: stable across jobs, distinct across nodes."""
     h = hashlib.sha256(f"energysweep-emulated:{host}:{index}".encode()).hexdigest()
     uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"

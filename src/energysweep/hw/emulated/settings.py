@@ -132,8 +132,8 @@ class NodeSettings:
     @classmethod
     def from_json(cls, text: str) -> NodeSettings:
         data = json.loads(text)
-        data["faults"] = tuple(Fault(**f) for f in data.get("faults", ()))
-        data["refusals"] = tuple(tuple(r) for r in data.get("refusals", ()))
+        data["faults"] = tuple(Fault(**f) for f in data["faults"])
+        data["refusals"] = tuple(tuple(r) for r in data["refusals"])
         return cls(**data)
 
 
@@ -163,15 +163,15 @@ def problems(section: dict) -> list[str]:
         )
     if not 0 < resolved["power_sample_coverage"] <= 1:
         out.append(f"config key {KEY}.power_sample_coverage: must be in (0, 1]")
-    gpus = section.get("gpus")
-    for i, f in enumerate(section.get("faults") or []):
+    gpus = section["node_gpus"]
+    for i, f in enumerate(section["faults"]):
         where = f"config key {KEY}.faults[{i}]"
         if f.get("kind") not in FAULT_KINDS:
             out.append(f"{where}.kind: {f.get('kind')!r}; use one of {sorted(FAULT_KINDS)}")
         if f.get("gpu") is not None and not 0 <= f["gpu"] < gpus:
             out.append(
                 f"{where}.gpu: GPU {f['gpu']} does not exist on an emulated node of "
-                f"{gpus} GPUs ({KEY}.gpus); use 0..{gpus - 1} or null for every GPU"
+                f"{gpus} GPUs ({KEY}.node_gpus); use 0..{gpus - 1} or null for every GPU"
             )
         if f.get("kind") == "missing_gpu" and f.get("gpu") is None:
             out.append(f"{where}.gpu: a missing_gpu fault names the GPU (0..{gpus - 1})")
@@ -181,7 +181,7 @@ def problems(section: dict) -> list[str]:
             and f["duration_s"] > f["repeat_s"]
         ):
             out.append(f"{where}.duration_s: longer than repeat_s: episodes would overlap")
-    for i, r in enumerate(section.get("refusals") or []):
+    for i, r in enumerate(section["refusals"]):
         if r.get("call") not in SETTERS:
             out.append(
                 f"config key {KEY}.refusals[{i}].call: {r.get('call')!r} is not a setter "
@@ -216,7 +216,7 @@ def resolve(section: dict, epoch_ns: int) -> NodeSettings:
         raise ValueError(f"config key {KEY}.activity_hz: {activity_hz} < 200")
     return NodeSettings(
         profile=prof.key,
-        gpus=int(section["gpus"]),
+        gpus=int(section["node_gpus"]),
         activity_hz=activity_hz,
         allow_privileged=bool(section["allow_privileged"]),
         device_cgroups=bool(section["device_cgroups"]),

@@ -10,12 +10,18 @@ fails if src calls a function the fake lacks.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import re
 import time
 import types
 from dataclasses import dataclass
 
 import pynvml as real
+
+# What NVML accepts as a UUID (anything else is NVML_ERROR_INVALID_ARGUMENT, not NOT_FOUND).
+UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_HANDLE_BASE = 0x7F5E_0000_0000
 
 FAKED = [
     "nvmlInit",
@@ -65,9 +71,18 @@ class FakeGpu:
     counter_stuck: bool = False
 
 
-class _Handle:
-    def __init__(self, index: int):
-        self.index = index
+def _handle(index: int):
+    """A real ``c_nvmlDevice_t`` (what the real binding returns) whose address names the GPU."""
+    return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + 0x100 * (index + 1)), real.c_nvmlDevice_t)
+
+
+def _index(handle) -> int | None:
+    try:
+        address = ctypes.cast(handle, ctypes.c_void_p).value or 0
+    except (ctypes.ArgumentError, TypeError):
+        return None
+    offset = address - _HANDLE_BASE
+    return offset // 0x100 - 1 if offset > 0 and offset % 0x100 == 0 else None
 
 
 def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.ModuleType:
@@ -90,9 +105,10 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
 
     def gpu(handle):
         need_init()
-        if not isinstance(handle, _Handle) or not 0 <= handle.index < len(gpus):
+        index = _index(handle)
+        if index is None or not 0 <= index < len(gpus):
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
-        return gpus[handle.index]
+        return gpus[index]
 
     def nvmlInit():
         if init_error is not None:
@@ -111,14 +127,16 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         need_init()
         if not 0 <= index < len(gpus):
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
-        return _Handle(index)
+        return _handle(index)
 
     def nvmlDeviceGetHandleByUUID(uuid):
         need_init()
         uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        if not isinstance(uuid, str) or not UUID_RE.match(uuid):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
         for i, g in enumerate(gpus):
             if g.uuid == uuid:
-                return _Handle(i)
+                return _handle(i)
         raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetTotalEnergyConsumption(handle):
@@ -132,11 +150,24 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         return g.energy_mj + int(ticks * g.counter_period_s * rate)
 
     def nvmlDeviceGetTemperature(handle, sensor):
-        return gpu(handle).temperature_c
+        g = gpu(handle)
+        if sensor != real.NVML_TEMPERATURE_GPU:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return g.temperature_c
+
+    def clock_type(type_) -> None:
+        if type_ not in (
+            real.NVML_CLOCK_SM,
+            real.NVML_CLOCK_GRAPHICS,
+            real.NVML_CLOCK_MEM,
+            real.NVML_CLOCK_VIDEO,
+        ):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlDeviceGetMaxClockInfo(handle, type):  # noqa: A002 - real parameter name
         gpu(handle)
-        return 1980 if type == real.NVML_CLOCK_SM else 2619
+        clock_type(type)
+        return 2619 if type == real.NVML_CLOCK_MEM else 1980
 
     def nvmlDeviceGetArchitecture(device):
         gpu(device)
@@ -148,11 +179,19 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
 
     def nvmlDeviceGetClockInfo(handle, type):  # noqa: A002 - real parameter name
         gpu(handle)
-        return 1980
+        clock_type(type)
+        return 2619 if type == real.NVML_CLOCK_MEM else 1980
 
     def nvmlDeviceGetMemoryInfo(handle, version=None):
         gpu(handle)
-        return types.SimpleNamespace(total=80 * 2**30, free=80 * 2**30, used=0)
+        mem = real.c_nvmlMemory_t()  # the real structure, as the real binding returns
+        mem.total, mem.free, mem.used = 80 * 2**30, 80 * 2**30, 0
+        return mem
+
+    def nvmlDeviceGetPciInfo_v3(handle):
+        info = real.nvmlPciInfo_t()
+        info.busId = gpu(handle).pci_bus_id
+        return info
 
     funcs = {
         "nvmlInit": nvmlInit,
@@ -161,11 +200,9 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         "nvmlDeviceGetHandleByIndex": nvmlDeviceGetHandleByIndex,
         "nvmlDeviceGetHandleByUUID": nvmlDeviceGetHandleByUUID,
         "nvmlDeviceGetUUID": lambda handle: gpu(handle).uuid,
-        "nvmlDeviceGetIndex": lambda handle: (gpu(handle), handle.index)[1],
+        "nvmlDeviceGetIndex": lambda handle: (gpu(handle), _index(handle))[1],
         "nvmlDeviceGetName": lambda handle: gpu(handle).name,
-        "nvmlDeviceGetPciInfo_v3": lambda handle: types.SimpleNamespace(
-            busId=gpu(handle).pci_bus_id
-        ),
+        "nvmlDeviceGetPciInfo_v3": nvmlDeviceGetPciInfo_v3,
         "nvmlDeviceGetTotalEnergyConsumption": nvmlDeviceGetTotalEnergyConsumption,
         "nvmlDeviceGetPowerUsage": lambda handle: gpu(handle).power_mw,
         "nvmlSystemGetDriverVersion": lambda: (need_init(), "580.95.05")[1],

@@ -98,10 +98,14 @@ def env_world() -> tuple[int, int, int]:
 
 
 def choose_device(requested: str, local_rank: int) -> str:
-    """``auto`` -> cuda:<local_rank> when CUDA works, else cpu; ``cuda`` without a GPU fails."""
+    """``auto`` -> cuda:<local_rank> when CUDA works, else cpu; ``cuda`` without a GPU fails.
+
+    ``emulated``: the rank computes on the CPU; its GPU is an emulated one (energysweep.hw.nvml
+    ``gpu_uuids``), whose power follows this rank's activity.
+    """
     import torch
 
-    if requested == "cpu":
+    if requested in ("cpu", "emulated"):
         return "cpu"
     if torch.cuda.is_available():
         count = torch.cuda.device_count()

@@ -136,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     job = LaunchedJob.load(args.spec)
     t_start = time.time()
     ctx, audits, seeds = _start_ranks(job)
+    gpus = hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
+    # On the emulated node this rank's activity is its GPU's load from here on (hw/emulated).
+    owner = hw_nvml.attach(gpus)
     # Fail closed (measurement.require_energy) before the model is loaded.
     from energysweep.validity.require import check_job
 
     check_job(
         job.measurement,
         ctx.device,
-        hw_nvml.gpu_uuids(ctx.device),
+        gpus,
         ctx.local_rank,
         ctx.rank,
         ctx.host,
@@ -193,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     scenario.close()
     monitor.close()
+    if owner is not None:
+        owner.close()  # the emulated GPU's ground truth (emulated/<host>/truth-*.parquet)
     if backend is not None:
         backend.close()  # collective: engine backends gather and write requests.parquet here
     if not getattr(backend, "writes_requests", False) and ctx.rank == 0:

@@ -72,7 +72,9 @@ def launched_job(
     s = job_spec(**spec)
     return s.launched(
         model_dir=str(model_dir),
-        outputs=JobDir(str(out)).outputs(s.batch_sizes, s.workload.repetitions),
+        outputs=JobDir(str(out)).outputs(
+            s.batch_sizes, s.workload.repetitions, emulated=s.measurement.device == "emulated"
+        ),
         limits=limits(),
         code_version="test",
         launch_argv=[],

@@ -49,6 +49,8 @@ CONFIG = {
         "warmup_iterations": 1,
     },
     "measurement": {
+        # The ranks own emulated GPUs (docs/emulated-node.md): vLLM's energy is held to truth.
+        "device": "emulated",
         "min_window_s": 0,
         "idle_baseline_s": 0,
         "cooldown_s": 0,
@@ -272,6 +274,24 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
         text = log.with_suffix(".log").read_text()
         # engine.cpu_kvcache_gib reached the engine (VLLM_CPU_KVCACHE_SPACE), per rank.
         assert "GiB for KV cache" in text and "Explicitly set (1.0/" in text
+
+
+@pytest.mark.timeout(900)
+def test_vllm_ranks_measured_their_emulated_gpus(sweep):
+    """Each vLLM rank (engine core in the rank, external_launcher) owned one emulated GPU and
+    measured it through NVML; every window's energy is its ground truth's (tests/integration/
+    test_emulated_pipeline.py says why 50 ms of the window's energy bounds the error)."""
+    from emulated_truth import against_truth, assert_matches_truth
+
+    sweep, _ = sweep
+    rows = against_truth(sweep)
+    vllm = rows[rows["backend"] == "vllm"]
+    assert set(zip(vllm["tp"], vllm["dp"], strict=True)) == {(1, 1), (2, 1), (1, 2)}
+    assert vllm["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
+    assert (vllm.groupby("job_id")["gpu_uuid"].nunique() == vllm.groupby("job_id")["world_size"]
+            .first()).all()  # fmt: skip
+    assert vllm["gpu_energy_mj"].gt(0).all()
+    assert_matches_truth(rows)
 
 
 @pytest.mark.timeout(900)

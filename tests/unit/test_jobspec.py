@@ -14,7 +14,7 @@ import pytest
 from jobspec import job_spec, launched_job, limits, validated_config
 
 from energysweep.job.layout import ParallelLayout
-from energysweep.job.sections import JobSpecError, Workload
+from energysweep.job.sections import Emulated, JobSpecError, Workload
 from energysweep.job.spec import (
     JOB_KEYS,
     JobDir,
@@ -42,6 +42,10 @@ def test_from_config_carries_the_validated_sections_and_round_trips(backend, sce
     spec = JobSpec.from_config(cfg, JobKey("tiny", backend, scenario, 2, 1, 1))
     assert spec.workload == Workload(**cfg["workload"])
     assert spec.measurement.sampler_hz == cfg["measurement"]["sampler_hz"] == 10  # the schema's
+    # A section inside a section is typed too: measurement.emulated, with the schema's defaults.
+    assert spec.measurement.emulated == Emulated(**cfg["measurement"]["emulated"])
+    emulated = spec.measurement.emulated
+    assert emulated.profile == "h100-sxm" and emulated.faults == []
     assert (spec.training is not None) == (scenario == "training")
     assert (spec.engine is not None) == (backend in ("vllm", "tensorrt-llm"))
     assert spec.batch_sizes == [1, 2, 4]
@@ -93,9 +97,10 @@ def test_a_job_spec_refuses_the_launched_fields():
 def test_config_hash_covers_settings_not_the_run_and_no_location():
     spec = job_spec()
     h = config_hash(spec)
-    a = spec.launched(model_dir="/a/ckpt", outputs=JobDir("x").outputs([1], 1), limits=limits(),
-                      code_version="1", launch_argv=["a"], job_id="j1")  # fmt: skip
-    b = spec.launched(model_dir="/b/ckpt", outputs=JobDir("y").outputs([1], 1),
+    a = spec.launched(model_dir="/a/ckpt", outputs=JobDir("x").outputs([1], 1, emulated=False),
+                      limits=limits(), code_version="1", launch_argv=["a"],
+                      job_id="j1")  # fmt: skip
+    b = spec.launched(model_dir="/b/ckpt", outputs=JobDir("y").outputs([1], 1, emulated=False),
                       limits=limits(job_timeout_s=5), code_version="2", launch_argv=["b"],
                       job_id="j2")  # fmt: skip
     assert a.config_hash == b.config_hash == h  # model_dir, outputs, limits, ids: no settings
@@ -147,13 +152,17 @@ def test_job_dir_knows_every_path_of_a_job(tmp_path):
         "results/shards/model~m/tp~1/.spec.json",
     )
     assert JobDir.of(d.job_json) == d
-    out = d.outputs([1, 2], 2)
+    out = d.outputs([1, 2], 2, emulated=False)
     assert out.paths() == [*d.shards([1, 2], [0, 1]), d.job_table, d.job_json,
                            d.generations, d.power, d.requests]  # fmt: skip
+    # measurement.device emulated: the node's state directory is published with the job, last.
+    assert d.outputs([1], 1, emulated=True).paths()[-1] == "results/shards/model~m/tp~1/emulated"
     base = tmp_path / "job"
-    staged = JobDir(str(base)).outputs([1], 1).restaged(base / ".staging-x", base)
+    staged = JobDir(str(base)).outputs([1], 1, emulated=True).restaged(base / ".staging-x", base)
     assert staged.job_json == str(base / ".staging-x" / "job.json")
     assert staged.shard(1, 0) == str(base / ".staging-x" / "bs~1" / "rep~0.parquet")
+    assert staged.emulated == str(base / ".staging-x" / "emulated")
+    assert JobDir(str(base)).outputs([1], 1, emulated=False).restaged(base, base).emulated is None
     found = JobDir(str(tmp_path / "found"))
     (tmp_path / "found").mkdir()
     for name in ("power", "job_json"):

@@ -13,6 +13,7 @@ loudly instead of falling back to a value nobody chose.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -27,7 +28,8 @@ class JobSpecError(ValueError):
 
 
 def load_section(cls: type[T], data, where: str) -> T:
-    """``cls(**data)``; a key that is not a field, or a field without a key, is an error.
+    """``cls(**data)``; a key that is not a field, or a field without a key, is an error. A
+    field typed as a section dataclass (``Measurement.emulated``) is loaded the same way.
 
     Args:
         where: the section's name in the error (``measurement``, ``.spec.json: limits``).
@@ -45,7 +47,16 @@ def load_section(cls: type[T], data, where: str) -> T:
             f"{where}: unknown keys {unknown}, missing keys {missing}; a job is built from the "
             "validated config (energysweep.job.spec.JobSpec.from_config), which has every key"
         )
-    return cls(**data)
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _load_nested(hints[k], v, f"{where}.{k}") for k, v in data.items()})
+
+
+def _load_nested(hint, value, where: str):
+    """``value`` as a field of type ``hint``: a section dataclass from its dict, else as is (a
+    section already loaded, another field's value)."""
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type) and isinstance(value, dict):
+        return load_section(hint, value, where)
+    return value
 
 
 def schema_defaults(section: str) -> dict:
@@ -79,6 +90,28 @@ class Workload:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Emulated:
+    """Config section ``measurement.emulated``: the emulated GPU node of ``measurement.device``
+    ``emulated`` (docs/emulated-node.md). A None behaviour setting takes the profile's value;
+    ``faults`` and ``refusals`` are the schema-validated entries, which
+    ``energysweep.hw.emulated.settings.resolve`` turns into its typed ``Fault`` and refusals."""
+
+    profile: str
+    node_gpus: int
+    counter_period_s: float | None
+    counter_jitter_s: float | None
+    power_avg_window_s: float | None
+    power_sample_coverage: float | None
+    read_latency_s: float | None
+    activity_hz: float
+    allow_privileged: bool
+    device_cgroups: bool
+    seed: int
+    faults: list[dict]
+    refusals: list[dict]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Measurement:
     """Config section ``measurement``: how energy is read and windows are formed
     (``job.measurement.sampler_hz``, ``job.measurement.min_window_s``)."""
@@ -86,6 +119,7 @@ class Measurement:
     energy_source: str
     host_energy_source: str
     device: str
+    emulated: Emulated
     min_window_s: float
     idle_baseline_s: float
     cooldown_s: float

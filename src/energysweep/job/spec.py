@@ -203,7 +203,8 @@ class JobSpec:
 class Outputs:
     """Every file one job writes (paths from :class:`JobDir`, or their staging copies).
 
-    ``shards`` maps a batch size (as a string: a JSON key) to its repetitions' shard paths.
+    ``shards`` maps a batch size (as a string: a JSON key) to its repetitions' shard paths;
+    ``emulated`` is the emulated node's state directory (measurement.device emulated), else None.
     """
 
     shards: dict[str, list[str]]
@@ -212,20 +213,22 @@ class Outputs:
     generations: str
     power: str
     requests: str
+    emulated: str | None
 
     def shard(self, batch_size: int, repetition: int) -> str:
         return self.shards[str(batch_size)][repetition]
 
     def paths(self) -> list[str]:
-        """Every path: the shards (batch size outer, repetition inner), then the job's files."""
+        """Every path: the shards (batch size outer, repetition inner), then the job's files (the
+        emulated node's directory last, where there is one)."""
         files = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "shards"]
-        return [p for reps in self.shards.values() for p in reps] + files
+        return [p for reps in self.shards.values() for p in reps] + [f for f in files if f]
 
     def restaged(self, staging: Path, base: Path) -> Outputs:
         """The same outputs, each moved under ``staging`` (relative to ``base``)."""
 
-        def move(p: str) -> str:
-            return str(staging / Path(p).resolve().relative_to(base))
+        def move(p: str | None) -> str | None:
+            return p and str(staging / Path(p).resolve().relative_to(base))
 
         return Outputs(
             shards={bs: [move(p) for p in reps] for bs, reps in self.shards.items()},
@@ -336,9 +339,16 @@ class JobDir:
     power = _file("power.parquet", "The power samples of the job's GPUs.")
     requests = _file("requests.parquet", "The engine backends' per-request timings.")
     spec_file = _file(".spec.json", "The launched job the ranks read (written by the launcher).")
+    emulated = _file(
+        "emulated",
+        "measurement.device emulated only: the emulated node's settings and ground truth "
+        "(<host>/truth-gpu<i>-<pid>.parquet); published with the job, read by tests and the "
+        "benchmark, never by the pipeline.",
+    )
 
-    def outputs(self, batch_sizes, reps: int) -> Outputs:
-        """The job's :class:`Outputs`: shard paths per batch size, then the job's other files."""
+    def outputs(self, batch_sizes, reps: int, *, emulated: bool) -> Outputs:
+        """The job's :class:`Outputs`: shard paths per batch size, then the job's other files;
+        ``emulated`` (measurement.device emulated): the emulated node's state directory too."""
         return Outputs(
             shards={str(bs): [self.shard(bs, r) for r in range(reps)] for bs in batch_sizes},
             job_table=self.job_table,
@@ -346,4 +356,5 @@ class JobDir:
             generations=self.generations,
             power=self.power,
             requests=self.requests,
+            emulated=self.emulated if emulated else None,
         )

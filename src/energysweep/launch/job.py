@@ -21,8 +21,9 @@ import threading
 import uuid
 from pathlib import Path
 
+from energysweep.hw import emulated
 from energysweep.job.placement import Placement
-from energysweep.job.sections import Limits
+from energysweep.job.sections import Limits, as_dict
 from energysweep.job.spec import JobDir, JobSpec, LaunchedJob, Outputs
 from energysweep.launch import cleanup, procs
 from energysweep.launch.argv import build_argv, build_env
@@ -111,7 +112,9 @@ def run_job(
     """
     placement = spec.placement
     job_id = uuid.uuid4().hex
-    final = job_dir.outputs(spec.batch_sizes, spec.workload.repetitions)
+    final = job_dir.outputs(
+        spec.batch_sizes, spec.workload.repetitions, emulated=spec.measurement.device == "emulated"
+    )
     base = Path(job_dir.root).resolve()
     staging = base / f".staging-{job_id}"
     slurm_id = os.environ.get("SLURM_JOB_ID")
@@ -136,14 +139,34 @@ def run_job(
         slurm_job_id=slurm_id,
         engine=spec.engine,
     )
+    if job.outputs.emulated is not None:
+        env = _emulated_node(job, env, log)
     what = f"job {spec.key.label()} ({job_dir.spec_file})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
         _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
+        if job.outputs.emulated is not None:
+            emulated.strip_state(job.outputs.emulated)
         _publish(job.outputs, final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return job
+
+
+def _emulated_node(job: LaunchedJob, env: dict, log) -> dict:
+    """measurement.device emulated: the node's settings in the job's (staged) state directory,
+    named in the ranks' environment (energysweep.hw.emulated; docs/emulated-node.md)."""
+    import time
+
+    state = job.outputs.emulated
+    node = emulated.prepare(state, as_dict(job.measurement.emulated), time.time_ns())
+    print(
+        f"emulated GPU node: {node.profile}, {node.gpus} GPUs per node, state in {state} "
+        "(a test of the measurement, never a figure to cite)",
+        file=log,
+        flush=True,
+    )
+    return emulated.job_env(state, node, env)
 
 
 def _run_as_unit(

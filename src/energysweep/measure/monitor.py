@@ -10,6 +10,10 @@ from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.tables.status import EnergyStatus
 
+# The power timeline goes on this long after the last window: the re-check integrates the power
+# reading validity.power_average_s (at most 1 s) past each window's end.
+SAMPLER_TAIL_S = 1.2
+
 
 def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
     return energy_mj / 1e3 / duration_s if energy_mj is not None and duration_s > 0 else None
@@ -43,7 +47,7 @@ class JobMonitor:
         # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
         self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
         if self.gpu_uuids is None:
-            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device)
+            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
         self.energy = make_source(self.m.energy_source, ctx.device, self.gpu_uuids)
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
@@ -136,6 +140,8 @@ class JobMonitor:
 
     def finish(self) -> list[dict]:
         """Stop the sampler and take the end snapshot (collective); returns this rank's samples."""
+        if self.sampler.active:  # the re-check integrates the lagging power past the last edge
+            self.sleep(SAMPLER_TAIL_S)
         samples = self.sampler.stop()
         self.env_end = dist.gather(self._rank_snapshot(with_host=False))
         return samples

@@ -8,6 +8,7 @@ import sys
 
 from energysweep import dist
 from energysweep.energy import GpuReading
+from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.tables import shards
 from energysweep.tables.phases import Phase
@@ -74,9 +75,10 @@ def reading_cols(r: GpuReading) -> dict:
         "gpu_name": r.gpu_name,
         "gpu_energy_mj": r.energy_mj,
         "gpu_energy_status": r.status,
-        "gpu_energy_method": r.method,
+        # On the emulated node both say "emulated:" (hw.nvml.label): every row says so.
+        "gpu_energy_method": hw_nvml.label(r.method),
         "gpu_energy_detail": r.detail or None,
-        "energy_source": r.source,
+        "energy_source": hw_nvml.label(r.source),
         "gpu_energy_mj_zeus": r.energy_mj_zeus,
         "gpu_energy_zeus_status": r.zeus_status,
     }

@@ -4,7 +4,9 @@ A window starts and ends after a device sync and a barrier across ranks; it repe
 it lasts at least ``measurement.min_window_s`` *and* ran at least the scenario's minimum
 iterations (``workload.iterations``, ``training.steps``). All ranks stop after the same iteration:
 the decision uses the shortest elapsed time over ranks, exchanged at chunk boundaries (usually
-once).
+once). The GPU energy source aligns both edges to its counters' refreshes (energy/ticks.py): before
+the start edge every rank waits for its counters' refreshes (``prepare``, then a barrier), the end
+edge reads after the next refreshes.
 
 How every rank's rows of a window are then combined (tokens, edges, energy) has one home:
 :mod:`energysweep.aggregate.windows`.
@@ -37,11 +39,15 @@ def measure_window(
     """
     synchronize()
     dist.barrier()
-    start = wall_ns()
-    t0 = clock()
+    # The GPU source waits for its counters' refreshes (energysweep.energy.ticks); the window
+    # starts when every rank's has.
+    energy.prepare()
+    dist.barrier()
     energy.begin()
     host.begin()
     cpu.begin()
+    start = wall_ns()
+    t0 = clock()
     it, target = 0, min_iters
     while True:
         while it < target:
@@ -56,9 +62,9 @@ def measure_window(
     synchronize()
     dist.barrier()
     end = wall_ns()
-    readings = energy.end()
-    host_reading = host.end()
     cpu_s = cpu.end()
+    host_reading = host.end()
+    readings = energy.end()  # waits for the counters' next refreshes, after the edge
     return {
         "start": start,
         "end": end,

@@ -178,11 +178,12 @@ def check(
 
 
 def runs_on_cpu(device: str) -> bool:
-    """Whether ranks compute on CPUs: ``measurement.device`` cpu, or auto where this host has no
-    NVIDIA GPU device node (no torch import: this runs when the workflow loads)."""
+    """Whether ranks compute on CPUs: ``measurement.device`` cpu or emulated (CPU ranks that
+    own emulated GPUs), or auto where this host has no NVIDIA GPU device node (no torch import:
+    this runs when the workflow loads)."""
     import glob
 
-    if device == "cpu":
+    if device in ("cpu", "emulated"):
         return True
     if device == "cuda":
         return False

@@ -77,10 +77,11 @@ gpu_pci_bus_id          string  null PCI bus id of that GPU
 gpu_name                string  null product name of that GPU
 gpu_energy_mj           float64 null GPU energy over the window in mJ; null if not measured
 gpu_energy_status       string  -    measured | short-window | unavailable
-gpu_energy_method       string  -    how gpu_energy_mj was obtained
+gpu_energy_method       string  -    how gpu_energy_mj was obtained; prefixed emulated: on the
+                                     emulated GPU node (measurement.device emulated)
 gpu_energy_detail       string  null why energy is unavailable or flagged
 energy_source           string  -    GPU energy source used: nvml | zeus | cross-check | none (auto
-                                     resolved)
+                                     resolved); prefixed emulated: on the emulated GPU node
 gpu_energy_mj_zeus      float64 null cross-check: Zeus's energy for the same GPU and window in mJ
 gpu_energy_zeus_status  string  -    not-requested (source is not cross-check) | measured |
                                      short-window | unavailable

@@ -31,6 +31,8 @@ from energysweep.validity import stages as st
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
 REASONS: dict[str, str] = {
+    "emulated": "measured on the emulated GPU node (measurement.device emulated): a test of the "
+    "method, never a figure to cite",
     "no_gpu_energy": "no GPU energy was measured for the point (CPU run, no NVML, or disabled)",
     "partial_gpus": "a GPU of the layout has no energy figure, or fewer GPUs than tp*pp*dp",
     "counter_stuck": "a GPU's energy counter did not move over a window spanning 2+ periods",
@@ -73,6 +75,7 @@ class Thresholds:
     max_idle_std_w: float
     throttle_reasons: list[str]
     max_recheck_deviation: float
+    power_average_s: float
     min_batch_fill: float
     require_timeline: bool
 
@@ -103,7 +106,9 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
 INFO_COLUMNS = {"invalid_reasons", "validity_unchecked", "clock_event_reasons_seen"}
 
 ROW_COLUMNS = sorted(
-    set(rc.ROW_COLUMNS) | set(st.ROW_COLUMNS) | {"requests", "iterations", "gpu_name"}
+    set(rc.ROW_COLUMNS)
+    | set(st.ROW_COLUMNS)
+    | {"requests", "iterations", "gpu_name", "gpu_energy_method"}
 )
 
 
@@ -163,6 +168,9 @@ def annotate(
     _idle_columns(s, rows, validation[validation["scope"] == "idle"], has_energy)
     s["ci_half_width_fraction"] = _ci_half_width_fraction(s)
     layout_gpus = (s["tp"] * s["pp"] * s["dp"]).astype(int)
+    # Every row measured on the emulated node says so (hw.nvml.label): never a valid point.
+    emu = rows["gpu_energy_method"].astype(str).str.startswith("emulated:").astype(float)
+    checks["emulated"] = _per_point(rows.assign(_emu=emu), s, "_emu", "any") > 0
     _verdict(s, c, gpu_status, has_energy, layout_gpus, **checks)
 
     s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
@@ -277,11 +285,13 @@ def _verdict(
     any_unchecked: np.ndarray,
     s_stuck: np.ndarray,
     throttled: np.ndarray,
+    emulated: np.ndarray,
 ) -> None:
     """Adds ``valid``, ``invalid_reasons`` and ``validity_unchecked`` to ``s`` (in place)."""
     n = len(s)
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
+        "emulated": emulated,
         "no_gpu_energy": ~has_energy & ~gpu_status.str.contains(EnergyStatus.PARTIAL),
         "partial_gpus": gpu_status.str.contains(EnergyStatus.PARTIAL)
         | (has_energy & (s["n_gpus"] < layout_gpus)),
@@ -329,5 +339,5 @@ def evaluate(
     """
     power_files = [JobDir.of(j).power for j in jobs]
     power = tp.load_power([p for p in power_files if Path(p).is_file()])
-    validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
+    validation = rc.recheck(rows, power, rc.idle_bounds(jobs), thresholds.power_average_s)
     return annotate(summary, rows, validation, thresholds), validation, st.stage_table(rows)

@@ -21,7 +21,7 @@ with step_log(sm.log[0], sm.rule) as log:
         sm.output.job_table, sm.output.job, sm.output.generations, sm.output.power,
         sm.output.requests,
     ]  # fmt: skip
-    spec = spec.with_run(sm.params.model_dir, outputs)
+    spec = spec.with_run(sm.params.model_dir, outputs, sm.params.server_python or None)
     run_job(
         spec.to_dict(),
         job_dir.spec_file,

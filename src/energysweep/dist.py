@@ -111,6 +111,7 @@ def init(
     timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
     backend: str = "pytorch",
     gpus_per_node: int | None = None,
+    scenario: str = "inference",
 ) -> tuple[int, int, int]:
     """Check the launcher started the layout's world, then start the process group.
 
@@ -123,7 +124,7 @@ def init(
             expects (e.g. one process where two were asked).
     """
     rank, local_rank, world = env_world()
-    placement = Placement(layout, backend, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node, scenario)
     mode = placement.launch_mode
     expected, _ = placement.processes
     if world != expected:
@@ -134,7 +135,7 @@ def init(
         )
     # vLLM's external_launcher reuses this group; left to create its own it fails under torchrun
     # with dp > 1 (gloo `rank < size`), so its ranks always get one, even a world of 1.
-    if world > 1 or BACKENDS[backend].torchrun_always:
+    if world > 1 or (BACKENDS[backend].torchrun_always and mode == "torchrun"):
         import torch.distributed as dist
 
         # Under direct/mpi the GPUs belong to the engine's workers: our processes only
@@ -193,10 +194,11 @@ def make_context(
     device: str,
     backend: str = "pytorch",
     gpus_per_node: int | None = None,
+    scenario: str = "inference",
     **kw,
 ) -> RankContext:
     rank, local_rank, world = env_world()
-    placement = Placement(layout, backend, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node, scenario)
     ctx = RankContext(
         layout=layout,
         rank=rank,
@@ -242,6 +244,7 @@ def check_world(
     layout: ParallelLayout,
     backend: str = "pytorch",
     gpus_per_node: int | None = None,
+    scenario: str = "inference",
 ) -> None:
     """Rank 0's check: distinct processes == expected launchers, ranks 0..N-1 once, coords agree.
 
@@ -250,7 +253,7 @@ def check_world(
     """
     procs = {(a["host"], a["pid"]) for a in audits}
     ranks = sorted(a["rank"] for a in audits)
-    placement = Placement(layout, backend, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node, scenario)
     mode = placement.launch_mode
     expected, gpu_workers = placement.processes
     if len(procs) != expected or ranks != list(range(expected)):

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from energysweep import dist
 from energysweep.hw import nvml as hw_nvml
+from energysweep.job.backends import SERVING
 from energysweep.job.layout import ParallelLayout
 from energysweep.launch import procs
 from energysweep.measure.monitor import JobMonitor
-from energysweep.measure.window import finalize_window
 from energysweep.scenarios.base import Scenario, collective_timeout_s
 from energysweep.tables import io as tables_io
 from energysweep.tables import shards
@@ -49,7 +49,11 @@ def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
     job = spec["job"]
     layout = ParallelLayout(job["tp"], job["pp"], job["dp"])
     # The launch mode (torchrun / direct / mpi) decides what world the audit expects.
-    where = {"backend": job["backend"], "gpus_per_node": spec.get("gpus_per_node")}
+    where = {
+        "backend": job["backend"],
+        "gpus_per_node": spec.get("gpus_per_node"),
+        "scenario": job["scenario"],
+    }
     _, local_rank, _ = dist.env_world()
     device = dist.choose_device(spec["measurement"]["device"], local_rank)
     if device == "cpu":
@@ -104,6 +108,8 @@ def _scenario(spec: dict, ctx: dist.RankContext, prompts: list[str]):
     """(backend or None, its load time or None, monitor, scenario) of the job, monitor started."""
     from energysweep.backends import load_backend
 
+    if spec["job"]["scenario"] == SERVING:
+        return _serving(spec, ctx, prompts)
     if spec["job"]["scenario"] == "training":
         from energysweep.scenarios.training import TrainingScenario
 
@@ -124,6 +130,25 @@ def _scenario(spec: dict, ctx: dist.RankContext, prompts: list[str]):
     return backend, load_s, monitor, scenario
 
 
+def _serving(spec: dict, ctx: dist.RankContext, prompts: list[str]):
+    """The serving client: its first server is up before the idle baseline (the engine loaded
+    and idle, as the other scenarios measure it with the model loaded)."""
+    from functools import partial
+
+    from energysweep.launch.server import server_for_job
+    from energysweep.scenarios.serving import ServedGpus, ServingScenario
+
+    make_server = partial(
+        server_for_job, spec, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")
+    )
+    monitor = JobMonitor(spec, ctx, backend=ServedGpus())
+    scenario = ServingScenario(spec, ctx, prompts, monitor, make_server)
+    t0 = time.time()
+    scenario.start_server(spec["batch_sizes"][0])
+    monitor.start()
+    return None, time.time() - t0, monitor, scenario
+
+
 def _measure(spec: dict, ctx: dist.RankContext, scenario: Scenario) -> int | None:
     """Every point of the job; rank 0 writes the shards and the job table (its row count)."""
     outputs = spec["outputs"]
@@ -132,7 +157,7 @@ def _measure(spec: dict, ctx: dist.RankContext, scenario: Scenario) -> int | Non
         for rep, rows in enumerate(scenario.point(bs)):
             gathered = dist.gather(rows)
             if ctx.rank == 0:
-                table = shards.to_table(finalize_window(gathered))
+                table = shards.to_table(scenario.finalize(gathered))
                 tables_io.write_atomic(table, outputs["shards"][str(bs)][rep])
                 job_tables.append(table)
     if ctx.rank == 0 and outputs.get("job_table"):
@@ -205,14 +230,18 @@ def main(argv: list[str] | None = None) -> int:
                 "window_s": window_ns[0] / 1e9,
                 "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
                 "backend_startup": startups if any(startups) else None,
+                # Serving: each server's start, warm-up and stop, each load run's ramp, window
+                # and drain (bench/serving_overhead.py reads them).
+                "serving": getattr(scenario, "timing", None),
             },
             job_table_rows,
         )
-    scenario.close()
+    scenario.close()  # serving: stops the last server, writes requests.parquet
     monitor.close()
     if backend is not None:
         backend.close()  # collective: engine backends gather and write requests.parquet here
-    if not getattr(backend, "writes_requests", False) and ctx.rank == 0:
+    writer = backend if backend is not None else scenario
+    if not getattr(writer, "writes_requests", False) and ctx.rank == 0:
         _write_no_requests(spec)
     dist.barrier()
     dist.destroy()

@@ -46,6 +46,7 @@ def _point(backend, scenario, tp, pp, dp, bs, energy: bool, host: bool = False) 
         "pp": pp,
         "dp": dp,
         "batch_size": bs,
+        "load": "batch",
         "status": "ok",
         "device": "cuda" if energy else "cpu",
         "energy_per_output_token_j": math.nan if train else e,

@@ -21,21 +21,25 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from energysweep.job.backends import BACKENDS
+from energysweep.job.backends import BACKENDS, SERVING
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 
 # Keys the launcher adds to a spec that do not determine the job's numbers (settings_hash).
-NOT_SETTINGS = ("outputs", "job_id", "limits")
+NOT_SETTINGS = ("outputs", "job_id", "limits", "server_python")
+# Keys of config `serving` that choose which jobs exist rather than what one measures.
+SERVING_GRID_KEYS = ("parallel",)
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """Everything a job's ranks need, as data (field order = the JSON key order).
 
-    ``training`` is carried by training jobs only and ``engine`` by engine backends' jobs only,
-    so those settings do not change the other jobs' :func:`settings_hash`. ``model_dir`` and
-    ``outputs`` are None until the measure step knows them (:meth:`with_run`).
+    ``training`` is carried by training jobs only, ``serving`` by serving jobs only and
+    ``engine`` by engine backends' jobs only, so those settings do not change the other jobs'
+    :func:`settings_hash`. A serving job's ``batch_sizes`` are its batch caps. ``model_dir``,
+    ``outputs`` and ``server_python`` (a serving job's server interpreter) are None until the
+    measure step knows them (:meth:`with_run`).
     """
 
     job: dict
@@ -48,8 +52,10 @@ class JobSpec:
     model_entry: dict
     gpus_per_node: int
     engine: dict | None = None
+    serving: dict | None = None
     model_dir: str | None = None
     outputs: dict | None = None
+    server_python: str | None = None
 
     @classmethod
     def from_config(
@@ -57,6 +63,11 @@ class JobSpec:
     ) -> JobSpec:
         """The spec of one grid job of a validated (defaults-filled) config."""
         entry = next(m for m in config["models"] if m["name"] == model)
+        serving = None
+        batch_sizes = config["workload"]["batch_sizes"]
+        if scenario == SERVING:
+            serving = {k: v for k, v in config["serving"].items() if k not in SERVING_GRID_KEYS}
+            batch_sizes = config["serving"]["batch_caps"] or batch_sizes
         return cls(
             job={"model": model, "backend": backend, "scenario": scenario,
                  "tp": int(tp), "pp": int(pp), "dp": int(dp)},
@@ -65,10 +76,11 @@ class JobSpec:
             workload=config["workload"],
             measurement=config["measurement"],
             training=config["training"] if scenario == "training" else None,
-            batch_sizes=sorted(config["workload"]["batch_sizes"]),
+            batch_sizes=sorted(batch_sizes),
             model_entry=entry,
             gpus_per_node=config["parallel"]["gpus_per_node"],
             engine=config["engine"] if BACKENDS[backend].engine else None,
+            serving=serving,
         )  # fmt: skip
 
     @classmethod
@@ -85,9 +97,12 @@ class JobSpec:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) is not None}  # fmt: skip
 
-    def with_run(self, model_dir: str, outputs: dict) -> JobSpec:
-        """This spec with the checkpoint directory and output paths the measure step knows."""
-        return dataclasses.replace(self, model_dir=str(model_dir), outputs=outputs)
+    def with_run(self, model_dir: str, outputs: dict, server_python: str | None = None) -> JobSpec:
+        """This spec with the checkpoint directory and output paths the measure step knows (and
+        a serving job's server interpreter)."""
+        return dataclasses.replace(
+            self, model_dir=str(model_dir), outputs=outputs, server_python=server_python
+        )
 
     @property
     def layout(self) -> ParallelLayout:
@@ -95,7 +110,7 @@ class JobSpec:
 
     @property
     def placement(self) -> Placement:
-        return Placement(self.layout, self.job["backend"], self.gpus_per_node)
+        return Placement(self.layout, self.job["backend"], self.gpus_per_node, self.job["scenario"])
 
 
 def settings_hash(spec: dict) -> str:

@@ -97,11 +97,18 @@ def build_argv(
     python: str = sys.executable,
     slurm_job_id: str | None = None,
     head_node: str | None = None,
+    scenario: str = "inference",
 ) -> list[str]:
     """The command that starts every process of one job."""
     entry = ["-m", "energysweep.run", "--spec", str(spec_path)]
-    placement = Placement(layout, backend, gpus_per_node)
+    placement = Placement(layout, backend, gpus_per_node, scenario)
     mode = placement.launch_mode
+    if mode == "server":
+        if placement.unsupported():
+            raise ValueError("; ".join(placement.unsupported()))
+        # The serving client: one process; it starts the engine's server (energysweep.launch.
+        # server), which spawns the tp*pp*dp workers.
+        return [python, *entry]
     if mode == "direct":
         if layout.dp == 1:
             # One replica: one process; the engine spawns its tp*pp GPU workers itself.

@@ -116,7 +116,7 @@ def run_job(
     if timeout_s is not None:
         limits["job_timeout_s"] = timeout_s
     layout = ParallelLayout(spec["job"]["tp"], spec["job"]["pp"], spec["job"]["dp"])
-    placement = Placement(layout, spec["job"]["backend"], gpus_per_node)
+    placement = Placement(layout, spec["job"]["backend"], gpus_per_node, spec["job"]["scenario"])
     # The code version is read where the job runs (energysweep.job.spec.launched).
     spec = launched(spec, limits, code_version())
     final = spec["outputs"]
@@ -133,6 +133,7 @@ def run_job(
         python=python,
         slurm_job_id=slurm_id,
         head_node=head,
+        scenario=spec["job"]["scenario"],
     )
     spec["launch_argv"] = argv
     base.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ def base_row(
     job = spec["job"]
     not_measured = "not measured by this scenario"
     gpn = spec.get("gpus_per_node")
-    placement = Placement(ctx.layout, job["backend"], gpn)
+    placement = Placement(ctx.layout, job["backend"], gpn, job["scenario"])
     launchers, gpu_workers = placement.processes
     return {
         "schema_version": shards.SCHEMA_VERSION,
@@ -43,6 +43,7 @@ def base_row(
         "gpu_workers": gpu_workers,
         "batch_size": bs,
         "global_batch_size": bs * ctx.layout.dp,
+        "load": shards.BATCH_LOAD,
         "repetition": rep,
         "phase": str(phase),
         "min_window_s": float(spec["measurement"].get("min_window_s", 0.0)),
@@ -64,6 +65,16 @@ def base_row(
         "model_parameters_method": STATUS_UNAVAILABLE,
         "flops_estimate": None,
         "loss": None,
+        **not_serving(job["scenario"]),
+    }
+
+
+def not_serving(scenario: str) -> dict:
+    """The serving columns of a row that is no serving window (the scenario serving fills them)."""
+    return {
+        "load_mode": shards.BATCH_LOAD,
+        **dict.fromkeys(shards.SERVING_NULLABLE),
+        "serving_status": f"not-applicable ({scenario}: fixed batches, no load generator)",
     }
 
 

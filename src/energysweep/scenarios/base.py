@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from energysweep import dist
 from energysweep.energy import CpuTime
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
-from energysweep.measure.window import measure_window
+from energysweep.measure.window import finalize_window, measure_window
 from energysweep.tables.phases import Phase
 from energysweep.util import faults
 from energysweep.util.oom import is_oom
@@ -85,6 +85,10 @@ class Scenario(ABC):
 
     def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the scenario holds for the whole job."""
+
+    def finalize(self, rows_by_rank: list[list[dict]]) -> list[dict]:
+        """Every rank's rows of one repetition, merged into the shard's rows (window totals)."""
+        return finalize_window(rows_by_rank)
 
     def measured(self, step, min_iters: int, synchronize) -> dict:
         """The window rule (:func:`energysweep.measure.window.measure_window`) on this rank."""

@@ -22,25 +22,19 @@ not start, dies, stops answering; the client stalls) fails the job with the serv
 from __future__ import annotations
 
 import asyncio
-import faulthandler
-import os
-import sys
+import signal
 import time
 from pathlib import Path
 
 from energysweep.energy import wall_ns
-from energysweep.phases import Phase
 from energysweep.scenarios.base import Scenario
-from energysweep.scenarios.serving_load import (
-    CONCURRENCY,
-    RATE,
-    LoadPoint,
-    request_phase,
-    run_load,
+from energysweep.scenarios.serving_client import (
+    Watchdog,
+    greedy_tokens,
     vllm_arrivals,
     vllm_sender,
-    window_stats,
 )
+from energysweep.scenarios.serving_load import CONCURRENCY, RATE, LoadPoint, run_load
 from energysweep.scenarios.serving_probes import (
     METRICS,
     QueueSamples,
@@ -48,46 +42,37 @@ from energysweep.scenarios.serving_probes import (
     parse_metrics,
     queue_time_mean_s,
 )
-from energysweep.scenarios.serving_server import (
-    Server,
-    ServerFailed,
-    ServerOptions,
-    http_get,
-    print_server_log,
-)
+from energysweep.scenarios.serving_stats import request_phase, window_stats
+from energysweep.tables import requests
+from energysweep.tables.phases import Phase
+from energysweep.util.http import http_get
 
 
 def load_points(serving: dict) -> list[LoadPoint]:
     """The sweep's load levels, ascending: ``serving.request_rates`` or ``serving.concurrency``."""
     if serving.get("request_rates"):
-        return [LoadPoint(RATE, float(r), serving.get("burstiness"))
-                for r in sorted(serving["request_rates"])]
+        return [
+            LoadPoint(RATE, float(r), serving.get("burstiness"))
+            for r in sorted(serving["request_rates"])
+        ]
     return [LoadPoint(CONCURRENCY, float(c)) for c in sorted(serving["concurrency"])]
 
 
-class Watchdog:
-    """The client's own bound on a stall: if it is not re-armed within ``seconds`` (a hung event
-    loop, a deadlock, a blocking call), every thread's traceback goes to the rule's log and the
-    process exits 1 (``faulthandler``: works even while a C call holds the GIL); the measure step
-    then stops the server with the rest of the job."""
-
-    def __init__(self, seconds: float):
-        self.seconds = float(seconds)
-
-    def arm(self, seconds: float | None = None) -> None:
-        faulthandler.dump_traceback_later(seconds or self.seconds, exit=True, file=sys.stderr)
-
-    def disarm(self) -> None:
-        faulthandler.cancel_dump_traceback_later()
+def _raise_on_sigterm(signum, _frame):
+    raise SystemExit(128 + signum)  # unwinds through stop_server (no server outlives the client)
 
 
 class ServingScenario(Scenario):
     """Runs the serving windows of one job in the client process (module docstring)."""
 
     name = "serving"
+    writes_requests = True  # close() writes requests.parquet
 
-    def __init__(self, spec: dict, ctx, prompts: list[str], monitor):
+    def __init__(self, spec: dict, ctx, prompts: list[str], monitor, make_server):
+        """``make_server(cap, log_path)`` builds the (unstarted) server of a batch cap
+        (energysweep.launch.server.server_for_job; run.py hands it over)."""
         super().__init__(spec, ctx, None, prompts, monitor)
+        self.make_server = make_server
         from transformers import AutoTokenizer
 
         self.sv = spec["serving"]
@@ -97,12 +82,16 @@ class ServingScenario(Scenario):
         tok = AutoTokenizer.from_pretrained(ctx.model_dir)
         enc = tok(prompts, truncation=True, max_length=int(self.wl["max_input_tokens"]))
         self.token_prompts = [list(ids) for ids in enc["input_ids"]]
-        self.server: Server | None = None
+        self.server = None
         self.server_cpu = ServerCpuTime(lambda: self.server.pids() if self.server else [])
         self.timing: dict = {"servers": [], "load_runs": []}
         self.request_rows: list[dict] = []
         self.watchdog = Watchdog(float(self.limits["client_stall_timeout_s"]))
+        # The measure step stops a failed job with SIGTERM, then SIGKILL after kill_grace_s:
+        # the server is stopped within half of it.
+        self.stop_grace_s = float(self.limits["kill_grace_s"]) / 2
         self._run_index = 0
+        signal.signal(signal.SIGTERM, _raise_on_sigterm)
 
     # ------------------------------------------------------------------ Scenario hooks
     def phases(self) -> list[Phase]:
@@ -130,6 +119,7 @@ class ServingScenario(Scenario):
     def close(self) -> None:
         self.stop_server()
         self.watchdog.disarm()
+        requests.write(self.request_rows, self.spec["outputs"]["requests"])
 
     @staticmethod
     def finalize(rows_by_rank: list[list[dict]]) -> list[dict]:
@@ -137,66 +127,34 @@ class ServingScenario(Scenario):
         return [r for rows in rows_by_rank for r in rows]
 
     # ------------------------------------------------------------------ the server
-    def _options(self, cap: int) -> ServerOptions:
-        engine = self.spec.get("engine") or {}
-        max_len = engine.get("max_model_len") or (
-            int(self.wl["max_input_tokens"]) + int(self.wl["output_tokens"]))
-        return ServerOptions(
-            backend=self.backend_name,
-            python=self.spec.get("server_python") or sys.executable,
-            model_dir=self.ctx.model_dir, layout=self.ctx.layout, max_num_seqs=cap,
-            max_model_len=int(max_len), dtype=self.spec["dtype"], seed=int(self.spec["seed"]),
-            engine=engine, on_gpu=self.ctx.device.startswith("cuda"),
-        )  # fmt: skip
-
     def start_server(self, cap: int) -> None:
-        from energysweep.ports import free_port, server_port
-
-        slurm_id = os.environ.get("SLURM_JOB_ID")
-        port = server_port(slurm_id) if slurm_id else free_port()
-        vllm_port = int(os.environ["VLLM_PORT"]) if "VLLM_PORT" in os.environ else None
+        """Start the server of batch cap ``cap`` and wait until it is healthy (bounded)."""
         log_path = Path(self.spec["outputs"]["job_json"]).with_name(f"server-cap{cap}.log")
-        name = f"energysweep-{self.spec['job_id'][:12]}"
-        server = Server(self._options(cap), port, name, log_path, dict(os.environ), vllm_port)
+        server = self.make_server(cap, log_path)
         timeout = float(self.limits["server_start_timeout_s"])
         print(f"serving: starting {server.argv}", flush=True)
         self.watchdog.arm(timeout + self.watchdog.seconds)
-        t0 = time.monotonic()
-        server.start()
         self.server = server
+        server.start()
         start_s = server.wait_healthy(timeout)
         self.watchdog.arm()
         self.timing["servers"].append({
-            "batch_cap": cap, "port": port, "argv": server.argv, "pid": server.proc.pid,
-            "start_s": start_s, "spawn_s": time.monotonic() - t0 - start_s,
-            "pids": server.pids(), "gpu_pids": server.gpu_pids(),
-        })
+            "batch_cap": cap, "port": server.port, "argv": server.argv, "pid": server.proc.pid,
+            "start_s": start_s, "pids": server.pids(), "gpu_pids": server.gpu_pids(),
+        })  # fmt: skip
         print(f"serving: server healthy after {start_s:.1f} s (pids {server.pids()})", flush=True)
 
     def stop_server(self) -> None:
+        """Stop the running server (every process of it) and copy its log into the rule's log."""
         server, self.server = self.server, None
         if server is None:
             return
         t0 = time.monotonic()
-        killed = server.stop(float(self.limits["kill_grace_s"]))
-        stop_s = time.monotonic() - t0
+        killed = server.stop(self.stop_grace_s)
         for rec in self.timing["servers"]:
-            if rec["pid"] == (server.proc.pid if server.proc else None):
-                rec.update({"stop_s": stop_s, "killed": killed})
-        print_server_log(server)
-
-    def _check_server(self) -> None:
-        try:
-            self.server.check()
-        except ServerFailed:
-            self.stop_server_quietly()
-            raise
-
-    def stop_server_quietly(self) -> None:
-        """Stop a failed server; its log is already in the error."""
-        server, self.server = self.server, None
-        if server is not None:
-            server.stop(float(self.limits["kill_grace_s"]))
+            if server.proc is not None and rec["pid"] == server.proc.pid:
+                rec.update({"stop_s": time.monotonic() - t0, "killed": killed})
+        server.print_log()
 
     # ------------------------------------------------------------------ requests
     def _session(self):
@@ -213,39 +171,37 @@ class ServingScenario(Scenario):
 
         async def go():
             async with self._session() as session:
-                send = vllm_sender(f"{self.server.base_url}/v1/completions", self.server.name,
-                                   int(self.wl["output_tokens"]), session)
+                send = vllm_sender(
+                    f"{self.server.base_url}/v1/completions",
+                    self.server.name,
+                    int(self.wl["output_tokens"]),
+                    session,
+                )
                 for r in range(rounds):
-                    recs = await asyncio.gather(*(
-                        send(i, self.token_prompts[i % len(self.token_prompts)])
-                        for i in range(r * n, (r + 1) * n)))
+                    recs = await asyncio.gather(
+                        *(
+                            send(i, self.token_prompts[i % len(self.token_prompts)])
+                            for i in range(r * n, (r + 1) * n)
+                        )
+                    )
                     self._log_requests(cap, None, -1, recs, "warmup")
                     self.watchdog.arm()
-                return await self._greedy_tokens(session, cap)
+                return await greedy_tokens(
+                    session,
+                    self.server.base_url,
+                    self.server.name,
+                    self.token_prompts[:cap],
+                    int(self.wl["output_tokens"]),
+                )
 
         tokens = asyncio.run(go())
-        self._check_server()
+        self.server.check()
         self.generations += [
             {"batch_size": cap, "dp_rank": 0, "iteration": 0, "prompt_index": i, "token_ids": t}
-            for i, t in enumerate(tokens) if t is not None
+            for i, t in enumerate(tokens)
+            if t is not None
         ]
         self.timing["servers"][-1]["warmup_s"] = time.monotonic() - t0
-
-    async def _greedy_tokens(self, session, cap: int) -> list[list[int] | None]:
-        """Token ids the server generates for the first ``cap`` prompts, greedy, unstreamed
-        (vLLM's ``return_token_ids``); None where the server gives no token ids."""
-        url = f"{self.server.base_url}/v1/completions"
-        out = []
-        for i in range(min(cap, len(self.token_prompts))):
-            body = {"model": self.server.name, "prompt": self.token_prompts[i],
-                    "max_tokens": int(self.wl["output_tokens"]),
-                    "min_tokens": int(self.wl["output_tokens"]), "ignore_eos": True,
-                    "temperature": 0.0, "return_token_ids": True}
-            async with session.post(url, json=body) as resp:
-                data = await resp.json(content_type=None)
-            choice = (data.get("choices") or [{}])[0]
-            out.append(list(choice["token_ids"]) if choice.get("token_ids") else None)
-        return out
 
     # ------------------------------------------------------------------ one load run
     def measure_load(self, cap: int, rep: int, point: LoadPoint) -> list[dict]:
@@ -270,46 +226,72 @@ class ServingScenario(Scenario):
         def on_close():
             end = wall_ns()
             readings, host, cpu_s = m.energy.end(), m.host.end(), self.server_cpu.end()
-            return {"wall_ns": end, "readings": readings, "host": host, "cpu_s": cpu_s,
-                    "metrics": read_counters()}
+            return {
+                "wall_ns": end,
+                "readings": readings,
+                "host": host,
+                "cpu_s": cpu_s,
+                "metrics": read_counters(),
+            }
 
         queue = QueueSamples()
         run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
-        self._check_server()
+        self.server.check()
         if run.open_s is None or run.close_s is None:
             raise RuntimeError(f"load {point.key} at batch cap {cap}: no steady-state window")
         self.window_ns_total += run.closed["wall_ns"] - run.opened["wall_ns"]
-        stats = window_stats(run, *self._slo())
+        stats = window_stats(run, *self._slo(), capacity=cap * self.ctx.layout.dp)
         stats.update(queue.window(run.open_s, run.close_s) if wanted else {})
-        stats["queue_time_mean_s"] = queue_time_mean_s(run.opened["metrics"],
-                                                       run.closed["metrics"])
+        if point.mode == CONCURRENCY:
+            # Of the requests kept in flight, the share not waiting in the server's queue.
+            waiting = stats.get("queue_waiting_mean")
+            stats["load_sustained"] = None if waiting is None else 1.0 - waiting / point.level
+        stats["queue_time_mean_s"] = queue_time_mean_s(run.opened["metrics"], run.closed["metrics"])
         self._log_requests(cap, point, rep, run.records, None, run)
-        self.timing["load_runs"].append({
-            "batch_cap": cap, "load": point.key, "repetition": rep,
-            "ramp_s": run.ramp_s, "window_s": stats["window_s"], "drain_s": run.drain_s,
-        })
+        self.timing["load_runs"].append(
+            {
+                "batch_cap": cap,
+                "load": point.key,
+                "repetition": rep,
+                "ramp_s": run.ramp_s,
+                "window_s": stats["window_s"],
+                "drain_s": run.drain_s,
+            }
+        )
         self.watchdog.arm()
         return self._window_rows(cap, rep, point, run, stats)
 
     def _slo(self) -> tuple[float | None, float | None]:
         slo = self.sv["slo"]
-        return (slo["ttft_ms"] / 1e3 if slo.get("ttft_ms") is not None else None,
-                slo["tpot_ms"] / 1e3 if slo.get("tpot_ms") is not None else None)
+        return (
+            slo["ttft_ms"] / 1e3 if slo.get("ttft_ms") is not None else None,
+            slo["tpot_ms"] / 1e3 if slo.get("tpot_ms") is not None else None,
+        )
 
     async def _load(self, point, cap, on_open, on_close, queue: QueueSamples, wanted):
         seed = int(self.spec["seed"]) + self._run_index
         self._run_index += 1
         async with self._session() as session:
-            send = vllm_sender(f"{self.server.base_url}/v1/completions", self.server.name,
-                               int(self.wl["output_tokens"]), session)
+            send = vllm_sender(
+                f"{self.server.base_url}/v1/completions",
+                self.server.name,
+                int(self.wl["output_tokens"]),
+                session,
+            )
             sampler = None
             if wanted is not None:
                 sampler = asyncio.create_task(self._sample_queue(session, queue, wanted))
             try:
                 return await run_load(
-                    point, self.token_prompts, send, vllm_arrivals(seed), on_open, on_close,
+                    point,
+                    self.token_prompts,
+                    send,
+                    vllm_arrivals(seed),
+                    on_open,
+                    on_close,
                     ramp_requests=int(self.sv.get("ramp_requests") or cap * self.ctx.layout.dp),
-                    min_window_s=self.min_window_s, min_requests=int(self.wl["iterations"]),
+                    min_window_s=self.min_window_s,
+                    min_requests=int(self.wl["iterations"]),
                     progress=self.watchdog.arm,
                 )
             finally:
@@ -334,22 +316,34 @@ class ServingScenario(Scenario):
         from energysweep.scenarios.serving_rows import serving_columns
 
         w = {
-            "start": run.opened["wall_ns"], "end": run.closed["wall_ns"],
-            "iterations": stats["requests"], "readings": run.closed["readings"],
-            "host": run.closed["host"], "cpu_s": run.closed["cpu_s"],
-            "tin": stats["input_tokens"], "tout": stats["output_tokens"],
+            "start": run.opened["wall_ns"],
+            "end": run.closed["wall_ns"],
+            "iterations": stats["requests"],
+            "readings": run.closed["readings"],
+            "host": run.closed["host"],
+            "cpu_s": run.closed["cpu_s"],
+            "tin": stats["input_tokens"],
+            "tout": stats["output_tokens"],
         }
         cols = serving_columns(point, run, stats, self.wl)
         rows = self._rows(cap, rep, Phase.SERVE, w)
+        tokens = stats["input_tokens"] + stats["output_tokens"]
+        flops = 2.0 * self.params * tokens if self.params is not None else None
         for r in rows:
-            r.update(cols)
+            r.update(cols, flops_estimate=flops)
         return rows
 
     def _log_requests(self, cap, point, rep, records, phase, run=None) -> None:
         from energysweep.scenarios.serving_rows import request_rows
 
         self.request_rows += request_rows(
-            self.spec, cap, point, rep, self._run_index, records,
+            self.spec,
+            cap,
+            point,
+            rep,
+            self._run_index,
+            records,
             phase if run is None else (lambda rec: request_phase(run, rec)),
-            run.wall_offset_ns if run is not None else None, self._slo(),
+            run.wall_offset_ns if run is not None else None,
+            self._slo(),
         )

@@ -18,13 +18,13 @@ A load run sends requests at one load point and brackets one energy window on it
 
 ``on_open``/``on_close`` are called at the window's edges (they read the energy counters, the
 server's CPU time and its /metrics counters); nothing else runs between them but the load.
-:func:`window_stats` then counts what happened inside the window from the request records:
-requests finished, tokens emitted (each token placed at the time its chunk arrived), prompt
-tokens of requests whose first token came inside it, and latency percentiles.
+:func:`.serving_stats.window_stats` then counts what happened inside the window from the
+request records: requests finished, tokens emitted (each token placed at the time its chunk
+arrived), prompt tokens of requests whose first token came inside it, latency percentiles.
 
 The request sender and the arrival generator are arguments, so the loop is tested without a
-server (tests/unit/test_serving_load.py); :func:`vllm_sender` and :func:`vllm_arrivals` are the
-real ones.
+server (tests/unit/test_serving_load.py); the real ones are in :mod:`.serving_client`, the window's
+statistics in :mod:`.serving_stats`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 RATE, CONCURRENCY = "rate", "concurrency"
 # Arrivals drawn per call of the arrival generator (get_request normalises each chunk's total
@@ -80,6 +78,7 @@ class RequestRecord:
     latency_s: float | None = None
     output_tokens: int = 0
     error: str = ""
+    finished_s: float | None = None  # when the client saw it end, success or failure
 
     @property
     def end_s(self) -> float | None:
@@ -137,8 +136,9 @@ class LoadRun:
 class _Window:
     """The ramp/window state machine, advanced at every request's end."""
 
-    def __init__(self, ramp_requests: int, min_window_s: float, min_requests: int, clock,
-                 on_open, on_close):
+    def __init__(
+        self, ramp_requests: int, min_window_s: float, min_requests: int, clock, on_open, on_close
+    ):
         self.ramp = max(1, ramp_requests)
         self.min_window_s = min_window_s
         self.min_requests = max(1, min_requests)
@@ -217,6 +217,7 @@ async def run_load(
 
     async def one(i: int) -> None:
         rec = await send(i, prompts[i % len(prompts)])
+        rec.finished_s = clock()
         records.append(rec)
         win.request_done()
         if progress is not None:
@@ -238,8 +239,17 @@ async def run_load(
         await asyncio.gather(*list(tasks))
     records.sort(key=lambda r: r.index)
     last_end = max([r.end_s for r in records if r.end_s is not None] or [first_send])
-    return LoadRun(point, records, first_send, win.open_s, win.close_s, last_end, win.opened,
-                   win.closed, wall_offset)
+    return LoadRun(
+        point,
+        records,
+        first_send,
+        win.open_s,
+        win.close_s,
+        last_end,
+        win.opened,
+        win.closed,
+        wall_offset,
+    )
 
 
 async def _open_loop(point: LoadPoint, arrivals: Arrivals, launch, win: _Window) -> None:
@@ -263,111 +273,3 @@ async def _closed_loop(clients: int, launch, win: _Window) -> None:
             await launch(next(counter))
 
     await asyncio.gather(*(client() for _ in range(clients)))
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
-def window_stats(run: LoadRun, slo_ttft_s: float | None, slo_tpot_s: float | None) -> dict:
-    """What happened inside ``run``'s window, from its request records.
-
-    A request counts as *completed* in the window if it ended inside it, its prompt tokens count
-    if its first token came inside it, and each output token counts where it arrived. Latency
-    percentiles are over the requests completed in the window. A request meets the SLO when its
-    TTFT and TPOT are within them (a TPOT of a one-token request counts as 0, as vLLM's goodput
-    does).
-    """
-    lo, hi = run.open_s, run.close_s
-    if lo is None or hi is None:
-        raise ValueError("the load run has no window")
-
-    def inside(t):
-        return t is not None and lo <= t <= hi
-
-    done = [r for r in run.records if r.success and inside(r.end_s)]
-    tokens_out = sum(sum(lo <= t <= hi for t in r.token_times()) for r in run.records)
-    tokens_in = sum(r.prompt_tokens for r in run.records if r.success and inside(r.first_token_s))
-    ttfts = [r.ttft_s for r in done]
-    tpots = [r.tpot_s for r in done if r.tpot_s is not None]
-    itls = [g for r in done for g in r.itl_s]
-    e2es = [r.latency_s for r in done]
-    met = sum(
-        (slo_ttft_s is None or r.ttft_s <= slo_ttft_s)
-        and (slo_tpot_s is None or (r.tpot_s or 0.0) <= slo_tpot_s)
-        for r in done
-    )
-    duration = hi - lo
-    return {
-        "window_s": duration,
-        "requests": len(done),
-        "input_tokens": tokens_in,
-        "output_tokens": tokens_out,
-        "requests_sent": len(run.records),
-        "request_errors": sum(not r.success for r in run.records),
-        "sent_in_window": sum(inside(r.send_s) for r in run.records),
-        "arrival_rate_rps": sum(inside(r.send_s) for r in run.records) / duration,
-        "achieved_rate_rps": len(done) / duration,
-        "slo_met_requests": int(met),
-        **{f"ttft_p{q}_s": _pct(ttfts, q) for q in (50, 99)},
-        **{f"tpot_p{q}_s": _pct(tpots, q) for q in (50, 99)},
-        **{f"itl_p{q}_s": _pct(itls, q) for q in (50, 99)},
-        **{f"e2e_p{q}_s": _pct(e2es, q) for q in (50, 99)},
-    }
-
-
-def request_phase(run: LoadRun, rec: RequestRecord) -> str:
-    """``ramp`` (sent before the window), ``window`` (sent in it), or ``drain`` (after it)."""
-    if run.open_s is None or rec.send_s < run.open_s:
-        return "ramp"
-    if run.close_s is None or rec.send_s <= run.close_s:
-        return "window"
-    return "drain"
-
-
-# ---------------------------------------------------------------- vLLM's load generator, real
-def vllm_arrivals(seed: int) -> Arrivals:
-    """Arrival times from ``vllm.benchmarks.serve.get_request`` (seeded: it draws from numpy's
-    global generator)."""
-    from vllm.benchmarks.serve import get_request
-
-    np.random.seed(seed)
-
-    async def arrivals(n: int, rate: float, burstiness: float):
-        async for _ in get_request([None] * n, rate, burstiness):
-            yield None
-
-    return arrivals
-
-
-def vllm_sender(api_url: str, model: str, output_tokens: int, session,
-                extra_body: dict | None = None) -> Sender:
-    """Sends one request through vLLM's streaming OpenAI-completions request function.
-
-    Greedy (temperature 0) and exactly ``output_tokens`` new tokens (``ignore_eos`` plus
-    ``min_tokens``), as the offline backends generate; the prompt is sent as token ids.
-    """
-    from vllm.benchmarks.lib.endpoint_request_func import ASYNC_REQUEST_FUNCS, RequestFuncInput
-
-    request_func = ASYNC_REQUEST_FUNCS["vllm"]
-    body = {"temperature": 0.0, "min_tokens": output_tokens, **(extra_body or {})}
-
-    async def send(i: int, prompt: list[int]) -> RequestRecord:
-        inp = RequestFuncInput(
-            prompt=list(prompt), api_url=api_url, prompt_len=len(prompt),
-            output_len=output_tokens, model=model, ignore_eos=True, extra_body=body,
-        )
-        try:
-            out = await request_func(request_func_input=inp, session=session)
-        except Exception as exc:  # the request function catches its own; be safe anyway
-            return RequestRecord(i, time.perf_counter(), len(prompt),
-                                 error=f"{type(exc).__name__}: {exc}")
-        return RequestRecord(
-            index=i, send_s=out.start_time, prompt_tokens=out.prompt_len or len(prompt),
-            success=bool(out.success), ttft_s=out.ttft if out.success else None,
-            itl_s=list(out.itl), latency_s=out.latency if out.success else None,
-            output_tokens=int(out.output_tokens or 0),
-            error=((out.error or "request failed")[-2000:]) if not out.success else "",
-        )
-
-    return send

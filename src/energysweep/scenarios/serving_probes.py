@@ -95,8 +95,12 @@ class QueueSamples:
         """Mean running (achieved concurrency), mean and max waiting over [lo, hi]."""
         inside = [s for s in self.samples if lo <= s[0] <= hi]
         if not inside:
-            return {"achieved_concurrency": None, "queue_waiting_mean": None,
-                    "queue_waiting_max": None, "queue_samples": 0}
+            return {
+                "achieved_concurrency": None,
+                "queue_waiting_mean": None,
+                "queue_waiting_max": None,
+                "queue_samples": 0,
+            }
         n = len(inside)
         return {
             "achieved_concurrency": sum(s[1] for s in inside) / n,

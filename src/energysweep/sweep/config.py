@@ -166,6 +166,9 @@ def check(
                 "use letters, digits and . _ - / + ~ only"
             )
     from energysweep.sweep import interpreters
+    from energysweep.sweep.serving_config import check_serving
+
+    problems += check_serving(config)
 
     errors, warnings = interpreters.check(
         config, workflow_dir if workflow_dir is not None else base_dir, use_conda, dry_run
@@ -205,6 +208,7 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         par["gpus_per_node"],
         engine=config.get("engine"),
         on_cpu=runs_on_cpu(measurement.get("device", "auto")),
+        serving_parallel=config["serving"]["parallel"],
     )
 
 
@@ -220,7 +224,7 @@ def check_node_fit(config: dict, grid: Grid) -> None:
     cpus, mem = par.get("cpus_per_node"), par.get("mem_mb_per_node")
     problems = []
     for job in grid.jobs:
-        req = Placement(job.layout, job.backend, par["gpus_per_node"]).node_request
+        req = Placement(job.layout, job.backend, par["gpus_per_node"], job.scenario).node_request
         where = (
             f"layout {job.layout} ({job.backend}, {job.scenario}) puts {req.ranks_per_node} "
             f"ranks on each of its {req.nodes} node(s) (parallel.gpus_per_node="

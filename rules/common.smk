@@ -75,7 +75,10 @@ def get_placement(wildcards):
     """The job's placement on nodes (energysweep.job.placement.Placement)."""
     layout = ParallelLayout(int(wildcards.tp), int(wildcards.pp), int(wildcards.dp))
     return Placement(
-        layout, wildcards.backend, config["parallel"]["gpus_per_node"], wildcards.scenario
+        layout,
+        wildcards.backend,
+        config["parallel"]["gpus_per_node"],
+        wildcards.scenario,
     )
 
 
@@ -146,7 +149,11 @@ def get_python(wildcards):
     """Interpreter of the job's ranks, or of a serving job's load client (energysweep.sweep.
     interpreters decides); "" = the job's own."""
     python, _ = interpreters.job_interpreters(
-        wildcards.backend, wildcards.scenario, config["environments"], workflow.basedir, USE_CONDA
+        wildcards.backend,
+        wildcards.scenario,
+        config["environments"],
+        workflow.basedir,
+        USE_CONDA,
     )
     return python or ""
 
@@ -154,7 +161,11 @@ def get_python(wildcards):
 def get_server_python(wildcards):
     """Interpreter of a serving job's server (its backend's environment); "" elsewhere."""
     _, python = interpreters.job_interpreters(
-        wildcards.backend, wildcards.scenario, config["environments"], workflow.basedir, USE_CONDA
+        wildcards.backend,
+        wildcards.scenario,
+        config["environments"],
+        workflow.basedir,
+        USE_CONDA,
     )
     return python or ""
 

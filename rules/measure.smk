@@ -3,8 +3,6 @@
 
 
 rule measure:
-    wildcard_constraints:
-        scenario="inference|training",
     input:
         unpack(get_model_input),
     output:
@@ -18,6 +16,8 @@ rule measure:
         requests=JOB_PATHS.requests,
     log:
         f"logs/measure/{PARAMS.wildcard_pattern}.log",
+    wildcard_constraints:
+        scenario="inference|training",
     conda:
         get_conda_env
     threads: get_threads
@@ -43,8 +43,6 @@ rule measure:
 # A serving job (energysweep.scenarios.serving): the same step, one shard per batch cap and
 # repetition (each holds every load level's window of that repetition).
 use rule measure as serve with:
-    wildcard_constraints:
-        scenario="serving",
     output:
         shards=JOB_PATHS.shards(SERVING_CAPS, REPS),
         job_table=JOB_PATHS.job_table,
@@ -52,3 +50,5 @@ use rule measure as serve with:
         generations=JOB_PATHS.generations,
         power=JOB_PATHS.power,
         requests=JOB_PATHS.requests,
+    wildcard_constraints:
+        scenario="serving",

@@ -136,7 +136,8 @@ def _serving(spec: dict, ctx: dist.RankContext, prompts: list[str]):
     from functools import partial
 
     from energysweep.launch.server import server_for_job
-    from energysweep.scenarios.serving import ServedGpus, ServingScenario
+    from energysweep.scenarios.serving import ServingScenario
+    from energysweep.scenarios.serving_client import ServedGpus
 
     make_server = partial(
         server_for_job, spec, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")

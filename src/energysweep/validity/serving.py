@@ -16,8 +16,9 @@ increasing offered load): a point is **sustainable** unless
 2. it failed ``load_not_sustained``, or
 3. its achieved requests/s fell below ``validity.knee_min_throughput_fraction`` x the best
    earlier point's, or
-4. its p99 time to first token exceeds ``validity.knee_max_ttft_growth`` x the last sustainable
-   point's;
+4. its p99 time to first token grew more than ``validity.knee_max_ttft_growth`` times faster
+   than its achieved requests/s since the last sustainable point (latency rising with no
+   matching gain in throughput: requests queue instead of being served);
 
 the **knee** is the series' first point that breaks a rule (``knee_reason`` says which), and it
 and every point after it are past the knee (``past_knee``) and not sustainable.
@@ -84,7 +85,7 @@ def knee(s: pd.DataFrame, c: dict) -> pd.DataFrame:
 def _series(out: pd.DataFrame, series: pd.DataFrame, c: dict) -> None:
     """Walk one series by increasing load, writing its knee columns into ``out``."""
     best = 0.0
-    last_ttft = None
+    last = None  # (p99 TTFT, requests/s) of the last sustainable point
     past = False
     for i, row in series.iterrows():
         reasons = []
@@ -97,8 +98,13 @@ def _series(out: pd.DataFrame, series: pd.DataFrame, c: dict) -> None:
         if best > 0 and pd.notna(rate) and rate < c["knee_min_throughput_fraction"] * best:
             reasons.append(f"requests/s fell to {rate / best:.0%} of the best earlier point")
         ttft = row["ttft_p99_s"]
-        if last_ttft and pd.notna(ttft) and ttft > c["knee_max_ttft_growth"] * last_ttft:
-            reasons.append(f"p99 TTFT {ttft / last_ttft:.1f}x the last sustainable point's")
+        if last is not None and pd.notna(ttft) and pd.notna(rate) and rate > 0:
+            growth = (ttft / last[0]) / (rate / last[1])
+            if growth > c["knee_max_ttft_growth"]:
+                reasons.append(
+                    f"p99 TTFT x{ttft / last[0]:.1f} for requests/s x{rate / last[1]:.2f} since "
+                    "the last sustainable point"
+                )
         out.at[i, "knee"] = bool(reasons and not past)
         past = past or bool(reasons)
         sustainable = not past
@@ -109,7 +115,7 @@ def _series(out: pd.DataFrame, series: pd.DataFrame, c: dict) -> None:
             if reasons
             else ("past the knee (a lower load was not sustainable)" if past else "ok")
         )
-        if sustainable:
-            last_ttft = ttft if pd.notna(ttft) else last_ttft
+        if sustainable and pd.notna(ttft) and ttft > 0 and pd.notna(rate) and rate > 0:
+            last = (ttft, rate)
         if pd.notna(rate):
             best = max(best, rate)

@@ -9,7 +9,7 @@ Keys:
         SIGKILLs itself) or ``hang`` (the rank sleeps forever inside the point).
     rank: global rank that fails; absent: every rank (a failure all ranks see, like an OOM).
     batch_size: the grid point (batch size) at which it fails; absent: every batch size.
-    scenario: ``inference`` or ``training``; absent: both.
+    scenario: ``inference``, ``training`` or ``serving``; absent: all.
     step: instead of a rank's point, fail the Snakemake script step of this rule name (or of
         any rule in a list of names: ``measure``, ``merge_shards``, ...) when it starts
         (:func:`energysweep.util.steplog.step_log`); only ``raise`` applies there.
@@ -31,7 +31,7 @@ from energysweep.util.jsonobj import parse_object
 
 ENV_VAR = "ENERGYSWEEP_TEST_FAULT"
 ACTIONS = ("raise", "kill", "hang")
-SCENARIOS = ("inference", "training")
+SCENARIOS = ("inference", "training", "serving")
 
 
 class FaultSpecError(ValueError):

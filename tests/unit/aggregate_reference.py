@@ -127,6 +127,7 @@ def _window(group: pd.DataFrame) -> pd.Series:
     )
 
 
+SUMMED = ("request_errors", "requests_sent", "requests_cancelled")
 SERVING_MEDIANS = [
     "energy_per_total_token_j", "energy_per_request_idle_adjusted_j",
     "energy_per_total_token_idle_adjusted_j", "goodput_rps", "cpu_time_per_request_s",
@@ -141,7 +142,7 @@ def _serving_window(first: pd.Series, ok: bool) -> dict:
     """A window's serving columns: its first row's; measured figures null where it failed."""
     out = {"load_mode": first["load_mode"]}
     for c in SERVING_NULLABLE:
-        out[c] = first[c] if ok or c in ("request_errors", "requests_sent") else np.nan
+        out[c] = first[c] if ok or c in SUMMED else np.nan
     out["serving_status"] = first["serving_status"]
     return out
 
@@ -165,8 +166,7 @@ def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
         "burstiness": float(g["burstiness"].iloc[0]),
         **{c: _median(ok[c].astype(float)) for c in SERVING_MEDIANS},
         "load_sustained_min": ok["load_sustained"].astype(float).min(),
-        "request_errors": g["request_errors"].astype(float).sum(min_count=1),
-        "requests_sent": g["requests_sent"].astype(float).sum(min_count=1),
+        **{c: g[c].astype(float).sum(min_count=1) for c in SUMMED},
         "serving_status": statuses or "not-applicable (no serving load)",
     }
     for metric in ("energy_per_request_j", "energy_per_total_token_j", "achieved_rate_rps"):

@@ -11,9 +11,9 @@ Per window, from its first shard row (the serving columns are the window's, not 
   figure CPU-only runs show instead of energy, never called energy).
 
 Per point: medians over its ok repetitions, except ``load_sustained_min`` (the worst repetition:
-a load is sustained only if every repetition sustained it) and ``request_errors`` /
-``requests_sent`` (summed over every repetition); bootstrap CIs of J/request, J/total token and
-achieved requests/s as for the other headline figures.
+a load is sustained only if every repetition sustained it) and ``request_errors``,
+``requests_sent``, ``requests_cancelled`` (summed over every repetition); bootstrap CIs of
+J/request, J/total token and achieved requests/s as for the other headline figures.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _MEDIANS = [
     "ramp_s", "drain_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s",
     "itl_p99_s", "e2e_p50_s", "e2e_p99_s",
 ]  # fmt: skip
+_SUMMED = ("request_errors", "requests_sent", "requests_cancelled")
 _CI = ["energy_per_request_j", "energy_per_total_token_j", "achieved_rate_rps"]
 NOT_SERVING = "not-applicable (no serving load)"
 
@@ -44,7 +45,7 @@ def window_columns(first: pd.DataFrame, ok: np.ndarray) -> dict:
     """A window's serving columns from its first row (measured ones null where it failed)."""
     out = {"load_mode": first["load_mode"]}
     for c in SERVING_NULLABLE:
-        kept = c in ("request_errors", "requests_sent")  # a failed run's errors still count
+        kept = c in _SUMMED  # a failed run's requests and errors still count
         out[c] = first[c] if kept else first[c].where(ok, np.nan)
     out["serving_status"] = first["serving_status"]
     return out
@@ -75,9 +76,7 @@ def point_columns(
         **{c: rows.first(values_of(head, c)).astype(float) for c in ("offered_load", "burstiness")},
         **{c: med[c].to_numpy() for c in _MEDIANS},
         "load_sustained_min": worst.to_numpy(),
-        **{
-            c: rows.sum_min_count_1(values_of(head, c)) for c in ("request_errors", "requests_sent")
-        },
+        **{c: rows.sum_min_count_1(values_of(head, c)) for c in _SUMMED},
         "serving_status": _serving_status(head, rows),
     }
     for metric in _CI:
@@ -98,7 +97,7 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
     **{c: _ENERGY for c in _MEDIANS if "energy" in c},
     "cpu_time_per_request_s": ("serving_status", "status"),
     "host_energy_per_request_j": ("serving_status", "host_energy_status", "status"),
-    **{c: ("serving_status",) for c in ("offered_load", "requests_sent", "request_errors")},
+    **{c: ("serving_status",) for c in ("offered_load", *_SUMMED)},
     "burstiness": ("serving_status", "load_mode"),
     "load_sustained_min": ("serving_status", "status"),
     **{f"{m}_ci_{e}": ("ci_status", *_ENERGY) for m in _CI for e in ("low", "high")},

@@ -304,18 +304,25 @@ class Server:
 
     def gpu_pids(self) -> dict[int, list[int]]:
         """Per GPU of the job (index into its visible GPUs), the server processes computing on
-        it. vLLM names its workers ``VLLM::Worker[_PP<p>][_TP<t>]`` under an
-        ``VLLM::EngineCore[_DP<d>]`` (one engine per DP replica): GPU = (d * pp + p) * tp + t.
-        Empty where the engine's processes cannot be told apart (other engines)."""
-        tp, pp = self.options.layout.tp, self.options.layout.pp
+        it (:func:`worker_gpu`); empty where the engine's processes cannot be told apart."""
+        layout = self.options.layout
         titles = {pid: _cmdline(pid) for pid in self.pids()}
         out: dict[int, list[int]] = {}
         for pid, title in titles.items():
-            if title.startswith("VLLM::Worker"):
-                p, t = _suffix(title, "PP"), _suffix(title, "TP")
-                d = _suffix(titles.get(_ppid(pid), ""), "DP")
-                out.setdefault((d * pp + p) * tp + t, []).append(pid)
+            gpu = worker_gpu(title, titles.get(_ppid(pid), ""), layout.tp, layout.pp)
+            if gpu is not None:
+                out.setdefault(gpu, []).append(pid)
         return out
+
+
+def worker_gpu(title: str, parent_title: str, tp: int, pp: int) -> int | None:
+    """The GPU (index into the job's visible GPUs) of a vLLM worker process, from its title
+    ``VLLM::Worker[_PP<p>][_TP<t>]`` and its engine's ``VLLM::EngineCore[_DP<d>]`` (one engine
+    per DP replica): ``(d * pp + p) * tp + t``; None for a process that is no worker."""
+    if not title.startswith("VLLM::Worker"):
+        return None
+    p, t, d = _suffix(title, "PP"), _suffix(title, "TP"), _suffix(parent_title, "DP")
+    return (d * pp + p) * tp + t
 
 
 def server_for_job(spec: dict, model_dir: str, layout: ParallelLayout, on_gpu: bool, cap: int,

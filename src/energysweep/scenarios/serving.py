@@ -237,6 +237,7 @@ class ServingScenario(Scenario):
         queue = QueueSamples()
         run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
         self.server.check()
+        settle_s = self._settle(read_counters)
         if run.open_s is None or run.close_s is None:
             raise RuntimeError(f"load {point.key} at batch cap {cap}: no steady-state window")
         self.window_ns_total += run.closed["wall_ns"] - run.opened["wall_ns"]
@@ -256,10 +257,25 @@ class ServingScenario(Scenario):
                 "ramp_s": run.ramp_s,
                 "window_s": stats["window_s"],
                 "drain_s": run.drain_s,
+                "settle_s": settle_s,
             }
         )
         self.watchdog.arm()
         return self._window_rows(cap, rep, point, run, stats)
+
+    def _settle(self, read_counters, bound_s: float = 60.0) -> float | None:
+        """Wait until the server holds no request (the drain's cancelled ones aborted), so the
+        next load run starts from an idle server; seconds it took (None without /metrics)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < bound_s:
+            counters = read_counters()
+            if counters is None:
+                return None
+            if counters.get("running", 0) + counters.get("waiting", 0) == 0:
+                return time.monotonic() - t0
+            time.sleep(0.1)
+        print(f"serving: the server still holds requests {bound_s:g} s after the drain", flush=True)
+        return time.monotonic() - t0
 
     def _slo(self) -> tuple[float | None, float | None]:
         slo = self.sv["slo"]
@@ -292,6 +308,7 @@ class ServingScenario(Scenario):
                     ramp_requests=int(self.sv.get("ramp_requests") or cap * self.ctx.layout.dp),
                     min_window_s=self.min_window_s,
                     min_requests=int(self.wl["iterations"]),
+                    capacity=cap * self.ctx.layout.dp,
                     progress=self.watchdog.arm,
                 )
             finally:

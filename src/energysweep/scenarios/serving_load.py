@@ -13,8 +13,9 @@ A load run sends requests at one load point and brackets one energy window on it
   admitted, run and retired that many, so its batch has filled and turned over once);
 - **window**: it closes when it has lasted ``min_window_s`` *and* at least ``min_requests``
   requests finished inside it; no request is sent after it closed;
-- **drain**: the requests still in flight are awaited (bounded by their own timeout) and recorded,
-  outside the window.
+- **drain**: the earliest ``capacity`` requests still in flight (those the engine was running,
+  first come first served) are awaited; the rest, still queued, are cancelled (recorded, never
+  counted as errors): all outside the window.
 
 ``on_open``/``on_close`` are called at the window's edges (they read the energy counters, the
 server's CPU time and its /metrics counters); nothing else runs between them but the load.
@@ -79,6 +80,7 @@ class RequestRecord:
     output_tokens: int = 0
     error: str = ""
     finished_s: float | None = None  # when the client saw it end, success or failure
+    cancelled: bool = False  # still queued when the window's running requests had ended
 
     @property
     def end_s(self) -> float | None:
@@ -194,6 +196,7 @@ async def run_load(
     ramp_requests: int,
     min_window_s: float,
     min_requests: int,
+    capacity: int,
     clock=time.perf_counter,
     progress: Callable[[], None] | None = None,
 ) -> LoadRun:
@@ -208,25 +211,31 @@ async def run_load(
         on_open, on_close: called at the window's edges; their results are kept.
         ramp_requests: requests that must finish before the window opens.
         min_window_s, min_requests: the window's shortest length and fewest finished requests.
+        capacity: requests the engine runs at once (batch cap x dp): the drain's bound.
         progress: called as requests finish (a liveness heartbeat).
     """
     wall_offset = time.time_ns() - int(round(clock() * 1e9))
     win = _Window(ramp_requests, min_window_s, min_requests, clock, on_open, on_close)
     records: list[RequestRecord] = []
-    tasks: set[asyncio.Task] = set()
+    tasks: dict[int, asyncio.Task] = {}  # in flight, by index (= send order)
 
     async def one(i: int) -> None:
-        rec = await send(i, prompts[i % len(prompts)])
+        prompt = prompts[i % len(prompts)]
+        sent = clock()
+        try:
+            rec = await send(i, prompt)
+        except asyncio.CancelledError:  # cancelled in the drain: never ran inside the window
+            rec = RequestRecord(i, sent, len(prompt), error="cancelled at drain", cancelled=True)
         rec.finished_s = clock()
         records.append(rec)
-        win.request_done()
+        tasks.pop(i, None)
+        if not rec.cancelled:
+            win.request_done()
         if progress is not None:
             progress()
 
     def launch(i: int) -> asyncio.Task:
-        task = asyncio.create_task(one(i))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        task = tasks[i] = asyncio.create_task(one(i))
         return task
 
     first_send = clock()
@@ -235,10 +244,9 @@ async def run_load(
     else:
         await _open_loop(point, arrivals, launch, win)
     win.cancel()
-    if tasks:
-        await asyncio.gather(*list(tasks))
+    await _drain(tasks, capacity)
     records.sort(key=lambda r: r.index)
-    last_end = max([r.end_s for r in records if r.end_s is not None] or [first_send])
+    last_end = max([r.finished_s for r in records] or [first_send])
     return LoadRun(
         point,
         records,
@@ -250,6 +258,21 @@ async def run_load(
         win.closed,
         wall_offset,
     )
+
+
+async def _drain(tasks: dict[int, asyncio.Task], capacity: int) -> None:
+    """Await the ``capacity`` earliest requests in flight when the window closed, then cancel
+    the rest. Engines schedule first come, first served, so those are the requests that were
+    running; the rest were queued behind them and produced nothing inside the window. An
+    overloaded server's queue is dropped instead of served for minutes."""
+    running = [tasks[i] for i in sorted(tasks)[:capacity]]
+    if running:
+        await asyncio.gather(*running)
+    rest = list(tasks.values())
+    for task in rest:
+        task.cancel()
+    if rest:
+        await asyncio.gather(*rest)
 
 
 async def _open_loop(point: LoadPoint, arrivals: Arrivals, launch, win: _Window) -> None:
@@ -265,11 +288,17 @@ async def _open_loop(point: LoadPoint, arrivals: Arrivals, launch, win: _Window)
 
 
 async def _closed_loop(clients: int, launch, win: _Window) -> None:
-    """Concurrency points: ``clients`` requests in flight until the window closes."""
+    """Concurrency points: ``clients`` requests in flight until the window closes (a request in
+    flight then is left to the drain)."""
     counter = iter(range(1 << 62))
+    closed = asyncio.ensure_future(win.closed_event.wait())
 
     async def client() -> None:
         while not win.closed_event.is_set():
-            await launch(next(counter))
+            task = launch(next(counter))
+            await asyncio.wait([task, closed], return_when=asyncio.FIRST_COMPLETED)
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    try:
+        await asyncio.gather(*(client() for _ in range(clients)))
+    finally:
+        closed.cancel()

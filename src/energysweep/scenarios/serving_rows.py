@@ -37,6 +37,7 @@ def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: dict)
             for k in (
                 "requests_sent",
                 "request_errors",
+                "requests_cancelled",
                 "arrival_rate_rps",
                 "achieved_rate_rps",
                 "load_sustained",
@@ -103,7 +104,9 @@ def request_rows(
                 "call_end_ns": None if r.end_s is None else int(round(r.end_s * 1e9)) + offset,
                 "ttft_s": r.ttft_s,
                 "tpot_s": r.tpot_s,
-                "metrics_status": "measured" if r.success else "failed",
+                "metrics_status": (
+                    "measured" if r.success else "cancelled" if r.cancelled else "failed"
+                ),
                 "metrics_source": REQUEST_SOURCE,
                 "scenario": "serving",
                 "load": point.key if point is not None else "warmup",

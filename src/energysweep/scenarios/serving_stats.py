@@ -15,7 +15,7 @@ def queued(run: LoadRun, t: float, capacity: int) -> int:
     """Requests waiting at time ``t``: those in flight beyond what the engine runs at once."""
     in_flight = sum(
         r.send_s <= t and (r.finished_s is None or r.finished_s > t) for r in run.records
-    )
+    )  # a request cancelled in the drain was still in flight before it
     return max(0, in_flight - capacity)
 
 
@@ -61,7 +61,8 @@ def window_stats(
         "input_tokens": tokens_in,
         "output_tokens": tokens_out,
         "requests_sent": len(run.records),
-        "request_errors": sum(not r.success for r in run.records),
+        "request_errors": sum(not r.success and not r.cancelled for r in run.records),
+        "requests_cancelled": sum(r.cancelled for r in run.records),
         "arrival_rate_rps": sent / duration,
         "achieved_rate_rps": len(done) / duration,
         "load_sustained": (1.0 - max(0, growth) / sent) if sent else None,

@@ -217,7 +217,8 @@ def check(
                 f"config key {key}: backend {b!r} runs its ranks with {python} ({where}), "
                 f"but its environment is broken: {result['detail']}; {hint}"
             )
-    if SERVING in config["scenarios"]:
+    serves = any(SERVING in BACKENDS[b].scenarios for b in config["backends"])
+    if SERVING in config["scenarios"] and serves:
         errors += _check_load_generator(envs, workflow_dir, dry_run, warnings, cache_file)
     return errors, warnings
 

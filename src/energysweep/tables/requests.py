@@ -28,7 +28,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("call_end_ns", "int64", "wall clock after the call returned, ns since epoch"),
     ("ttft_s", "float64", "time to first token, s (engine's own figure); null if unavailable"),
     ("tpot_s", "float64", "time per output token after the first, s; null if unavailable"),
-    ("metrics_status", "string", "measured | unavailable"),
+    ("metrics_status", "string", "measured | unavailable | failed | cancelled (serving drain)"),
     ("metrics_source", "string", "which engine field (or client) the timings came from"),
     ("scenario", "string", "inference | serving"),
     ("load", "string", "serving: the load level (rate=R, concurrency=C) or warmup"),

@@ -122,6 +122,8 @@ offered_load            float64 null rate: requests/s offered; concurrency: requ
 burstiness              float64 null rate: gamma shape of the inter-arrival times (1 = Poisson)
 requests_sent           int64   null requests sent in the load run (ramp, window and drain)
 request_errors          int64   null requests of the load run that failed (any phase)
+requests_cancelled      int64   null requests still queued when the drain's running ones ended,
+                                     cancelled (they never ran inside the window; no error)
 arrival_rate_rps        float64 null requests sent inside the window / its length
 achieved_rate_rps       float64 null requests completed inside the window / its length
 achieved_concurrency    float64 null mean requests running in the engine over the window (its
@@ -184,7 +186,8 @@ POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "l
 BATCH_LOAD = "batch"
 # The serving group's nullable columns (null outside a serving window).
 SERVING_NULLABLE = [
-    "offered_load", "burstiness", "requests_sent", "request_errors", "arrival_rate_rps",
+    "offered_load", "burstiness", "requests_sent", "request_errors", "requests_cancelled",
+    "arrival_rate_rps",
     "achieved_rate_rps", "achieved_concurrency", "load_sustained", "slo_met_requests", "ramp_s",
     "drain_s",
     "queue_waiting_mean", "queue_waiting_max", "queue_time_mean_s", "ttft_p50_s", "ttft_p99_s",

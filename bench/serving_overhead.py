@@ -42,7 +42,12 @@ BASE = {
 
 def config(args) -> dict:
     layouts = [tuple(int(x) for x in lay.split(",")) for lay in args.layouts]
-    axis = {"concurrency": [1, 4, 16]} if args.concurrency else {"request_rates": [2, 8, 32]}
+    # One axis; the other null (config/config.yaml, which a --configfile extends, sets rates).
+    axis = (
+        {"concurrency": [1, 4, 16], "request_rates": None}
+        if args.concurrency
+        else {"request_rates": [2, 8, 32], "concurrency": None}
+    )
     return {
         **BASE,
         "serving": {

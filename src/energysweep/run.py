@@ -77,6 +77,16 @@ def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
     return ctx, audits, _seed(spec["seed"])
 
 
+def _gpus_measured(spec: dict, ctx: dist.RankContext) -> list[str]:
+    """The GPUs this process measures: its own device's, or a serving client's every GPU of the
+    job (by NVML alone: the client must not open a CUDA context on its server's GPUs)."""
+    if spec["job"]["scenario"] == SERVING:
+        from energysweep.scenarios.serving_client import ServedGpus
+
+        return ServedGpus.gpu_uuids() if ctx.device.startswith("cuda") else []
+    return hw_nvml.gpu_uuids(ctx.device)
+
+
 def _write_no_requests(spec: dict) -> None:
     """An empty requests.parquet: this backend/scenario reports no per-request timings."""
     from energysweep.backends import request_log
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     check_job(
         spec["measurement"],
         ctx.device,
-        hw_nvml.gpu_uuids(ctx.device),
+        _gpus_measured(spec, ctx),
         ctx.local_rank,
         ctx.rank,
         ctx.host,

@@ -40,7 +40,8 @@ CONFIG = {
                  "warmup_iterations": 1},
     "measurement": {"min_window_s": 0.3, "idle_baseline_s": 0, "cooldown_s": 0,
                     "sampler_hz": 0},
-    "serving": {"request_rates": [20, 40]},
+    # Every layout, cap from workload (config/config.yaml's serving keys are merged in).
+    "serving": {"request_rates": [20, 40], "batch_caps": None, "parallel": None},
     "limits": {"kill_grace_s": 4, "client_stall_timeout_s": 120},
 }  # fmt: skip
 

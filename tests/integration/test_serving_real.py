@@ -48,7 +48,8 @@ RATES = {
 }  # fmt: skip
 CONCURRENCY = {
     **BASE,
-    "serving": {"concurrency": [1, 4, 32], "batch_caps": [2, 4],
+    # request_rates: null overrides config/config.yaml's rates (a --configfile is merged in).
+    "serving": {"concurrency": [1, 4, 32], "request_rates": None, "batch_caps": [2, 4],
                 "parallel": {"tp": [1, 2], "pp": [1], "dp": [1]}},
 }  # fmt: skip
 

@@ -302,6 +302,20 @@ class Server:
             body = "(no server log)"
         print(f"{head} -----\n{body}\n----- end of server log -----", file=out, flush=True)
 
+    def placement_record(self) -> dict:
+        """Where the server runs, for job.json: the cores its workers were bound to and the
+        Slurm job id in the API server's own environment (it runs inside that allocation)."""
+        environ = {}
+        with contextlib.suppress(OSError, AttributeError):
+            for item in Path(f"/proc/{self.proc.pid}/environ").read_bytes().split(b"\0"):
+                key, _, value = item.decode(errors="replace").partition("=")
+                environ[key] = value
+        return {
+            "cpus": sorted(os.sched_getaffinity(self.proc.pid)),
+            "cpu_bind": self.env.get("VLLM_CPU_OMP_THREADS_BIND"),
+            "slurm_job_id": environ.get("SLURM_JOB_ID"),
+        }
+
     def gpu_pids(self) -> dict[int, list[int]]:
         """Per GPU of the job (index into its visible GPUs), the server processes computing on
         it (:func:`worker_gpu`); empty where the engine's processes cannot be told apart."""

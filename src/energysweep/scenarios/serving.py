@@ -135,12 +135,17 @@ class ServingScenario(Scenario):
         print(f"serving: starting {server.argv}", flush=True)
         self.watchdog.arm(timeout + self.watchdog.seconds)
         self.server = server
-        server.start()
-        start_s = server.wait_healthy(timeout)
+        try:
+            server.start()
+            start_s = server.wait_healthy(timeout)
+        except BaseException:
+            self.stop_server()  # whatever of it runs; its whole log goes into the rule's log
+            raise
         self.watchdog.arm()
         self.timing["servers"].append({
             "batch_cap": cap, "port": server.port, "argv": server.argv, "pid": server.proc.pid,
             "start_s": start_s, "pids": server.pids(), "gpu_pids": server.gpu_pids(),
+            **server.placement_record(),
         })  # fmt: skip
         print(f"serving: server healthy after {start_s:.1f} s (pids {server.pids()})", flush=True)
 

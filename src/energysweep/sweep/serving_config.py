@@ -14,7 +14,8 @@ def check_serving(config: dict) -> list[str]:
         problems.append(
             "config keys serving.request_rates and serving.concurrency are both set: a serving "
             "sweep has one load axis, open loop (request rates) or closed loop (requests in "
-            "flight); keep one of them and sweep the other in a second config"
+            "flight); keep one of them and sweep the other in a second config (a --configfile "
+            "is merged into config/config.yaml: set the other key to null there)"
         )
     elif rates is None and concurrency is None and SERVING in config["scenarios"]:
         problems.append(

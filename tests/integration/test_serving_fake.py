@@ -1,14 +1,13 @@
 """Serving jobs through real Snakemake and the real serving client (vLLM's load generator from
 .venv-vllm), against the fake ``trtllm-serve`` of tests/fake_serve.py: TensorRT-LLM's mapping,
-and every fault path (a server that does not start, a port taken, a server that dies mid-point,
-a client that hangs). Each fault fails its job quickly, with the server's log in the rule's log,
+and the fault paths (a server that does not start, a server that dies mid-point, a client that
+hangs; a taken port is refused before the server starts: tests/unit/test_serving_launch.py). Each fault fails its job quickly, with the server's log in the rule's log,
 nothing published and no process left.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import stat
 import subprocess
 import sys
@@ -148,23 +147,3 @@ def test_a_hung_client_fails_its_job_within_the_stall_bound(tmp_path):
     assert "exited 1" in text
     assert not processes_in(wf), processes_in(wf)
     assert wall < 240, wall
-
-
-@pytest.mark.timeout(400)
-def test_a_taken_port_fails_the_job_at_once_naming_it(tmp_path):
-    from energysweep.launch.ports import server_port
-
-    python, env = fake_engine(tmp_path)
-    env["SLURM_JOB_ID"] = "4242"  # the port is then derived from the job id
-    config = {
-        **CONFIG, "parallel": {"tp": [1], "pp": [1], "dp": [1]},
-        "environments": {"vllm": vllm_python(), "tensorrt-llm": str(python)},
-    }  # fmt: skip
-    port = server_port("4242")
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", port))
-        taken.listen()
-        wf, proc, _ = run(tmp_path, config, env)
-    assert proc.returncode != 0
-    assert f"port {port} on 127.0.0.1 is taken" in log_of(wf, 1, 1)
-    assert not processes_in(wf)

@@ -1,8 +1,9 @@
 """Serving jobs through real Snakemake and the real serving client (vLLM's load generator from
 .venv-vllm), against the fake ``trtllm-serve`` of tests/fake_serve.py: TensorRT-LLM's mapping,
 and the fault paths (a server that does not start, a server that dies mid-point, a client that
-hangs; a taken port is refused before the server starts: tests/unit/test_serving_launch.py). Each fault fails its job quickly, with the server's log in the rule's log,
-nothing published and no process left.
+hangs; a taken port is refused before the server starts: tests/unit/test_serving_launch.py).
+Each fault fails its job quickly, with the server's log in the rule's log, nothing published and
+no process left.
 """
 
 from __future__ import annotations

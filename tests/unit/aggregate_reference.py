@@ -127,7 +127,7 @@ def _window(group: pd.DataFrame) -> pd.Series:
     )
 
 
-SUMMED = ("request_errors", "requests_sent", "requests_cancelled")
+SUMMED = ("request_errors", "requests_sent", "requests_cancelled", "requests_dropped")
 SERVING_MEDIANS = [
     "energy_per_total_token_j", "energy_per_request_idle_adjusted_j",
     "energy_per_total_token_idle_adjusted_j", "goodput_rps", "cpu_time_per_request_s",

@@ -114,6 +114,7 @@ def _serving_columns(rng, offered: float) -> dict:
         "burstiness": 1.0, "requests_sent": int(rng.integers(10, 400)),
         "request_errors": int(rng.choice([0, 0, 0, 2])),
         "requests_cancelled": int(rng.choice([0, 0, 30])),
+        "requests_dropped": int(rng.choice([0, 0, 0, 500])),
         "arrival_rate_rps": float(rng.uniform(1, 100)),
         "achieved_rate_rps": float(rng.uniform(1, 100)),
         "achieved_concurrency": float(rng.uniform(0, 8)) if queue else None,

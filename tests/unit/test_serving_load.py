@@ -222,3 +222,18 @@ def test_server_cpu_time_counts_the_named_processes():
         pass
     assert cpu.end() >= 0.1
     assert ServerCpuTime(lambda: []).end() == 0
+
+
+def test_a_stalled_server_is_not_sent_unbounded_requests(monkeypatch):
+    import energysweep.scenarios.serving_load as sl
+
+    monkeypatch.setattr(sl, "MIN_IN_FLIGHT", 10)
+    monkeypatch.setattr(sl, "IN_FLIGHT_PER_SLOT", 2)
+    server = FakeServer(latency=0.3, slots=1)  # ~3 requests/s, offered 200
+    run, _ = _run(LoadPoint(RATE, 200.0), server, capacity=1, ramp_requests=1,
+                  min_window_s=0.3, min_requests=1)  # fmt: skip
+    assert server.max_in_flight == 10 and len(run.dropped_s) > 50
+    st = window_stats(run, None, None, capacity=1)
+    # Dropped arrivals are offered load the server did not take.
+    assert st["arrival_rate_rps"] > 100 and st["load_sustained"] < 0.2
+    assert st["requests_dropped"] == len(run.dropped_s)

@@ -36,7 +36,7 @@ _MEDIANS = [
     "ramp_s", "drain_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s",
     "itl_p99_s", "e2e_p50_s", "e2e_p99_s",
 ]  # fmt: skip
-_SUMMED = ("request_errors", "requests_sent", "requests_cancelled")
+_SUMMED = ("request_errors", "requests_sent", "requests_cancelled", "requests_dropped")
 _CI = ["energy_per_request_j", "energy_per_total_token_j", "achieved_rate_rps"]
 NOT_SERVING = "not-applicable (no serving load)"
 

@@ -237,16 +237,21 @@ class Server:
             return status == 200 and any(m["id"] == self.name for m in json.loads(body)["data"])
         return False
 
-    def check(self) -> None:
-        """ServerFailed unless the server process lives and /health answers 200."""
-        if not self.alive():
-            code = self.proc.returncode if self.proc is not None else None
-            raise ServerFailed(self.failure(f"died (exit code {code})"))
-        status, body = http_get(f"{self.base_url}/health", timeout_s=10)
-        if status != 200:
-            raise ServerFailed(
-                self.failure(f"is unhealthy: /health answered {status or 'nothing'} {body[:200]}")
-            )
+    def check(self, answer_within_s: float = 120.0) -> None:
+        """ServerFailed unless the server process lives and /health answers 200. A server too
+        busy to answer (an overload's backlog being aborted) gets ``answer_within_s``; an
+        answer other than 200 (a dead engine) fails at once."""
+        deadline = time.monotonic() + answer_within_s
+        while True:
+            if not self.alive():
+                code = self.proc.returncode if self.proc is not None else None
+                raise ServerFailed(self.failure(f"died (exit code {code})"))
+            status, body = http_get(f"{self.base_url}/health", timeout_s=10)
+            if status == 200:
+                return
+            if status != 0 or time.monotonic() > deadline:
+                said = f"{status or 'nothing'} {body[:200]}"
+                raise ServerFailed(self.failure(f"is unhealthy: /health answered {said}"))
 
     def pids(self) -> list[int]:
         """Every live process of the server: the client's descendants (module docstring)."""

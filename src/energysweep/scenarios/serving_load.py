@@ -39,6 +39,11 @@ RATE, CONCURRENCY = "rate", "concurrency"
 # Arrivals drawn per call of the arrival generator (get_request normalises each chunk's total
 # delay to chunk / rate, so the mean rate is exact per chunk).
 ARRIVAL_CHUNK = 256
+# An open loop sends at most this many requests in flight per request the engine runs at once
+# (and at least MIN_IN_FLIGHT); arrivals beyond are dropped and counted as offered load the
+# server did not take: a stalled server is not sent thousands of connections.
+IN_FLIGHT_PER_SLOT = 64
+MIN_IN_FLIGHT = 1024
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,7 @@ class LoadRun:
     opened: object = None
     closed: object = None
     wall_offset_ns: int = 0  # wall ns = monotonic s * 1e9 + this
+    dropped_s: list[float] = field(default_factory=list)  # arrivals not sent (in-flight bound)
 
     def wall_ns(self, t: float) -> int:
         return int(round(t * 1e9)) + self.wall_offset_ns
@@ -239,10 +245,19 @@ async def run_load(
         return task
 
     first_send = clock()
+    dropped: list[float] = []
     if point.mode == CONCURRENCY:
         await _closed_loop(int(point.level), launch, win)
     else:
-        await _open_loop(point, arrivals, launch, win)
+        bound = max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * capacity)
+
+        def offer(i: int) -> None:
+            if len(tasks) < bound:
+                launch(i)
+            else:
+                dropped.append(clock())
+
+        await _open_loop(point, arrivals, offer, win)
     win.cancel()
     await _drain(tasks, capacity)
     records.sort(key=lambda r: r.index)
@@ -257,6 +272,7 @@ async def run_load(
         win.opened,
         win.closed,
         wall_offset,
+        dropped,
     )
 
 

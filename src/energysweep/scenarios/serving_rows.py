@@ -38,6 +38,7 @@ def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: dict)
                 "requests_sent",
                 "request_errors",
                 "requests_cancelled",
+                "requests_dropped",
                 "arrival_rate_rps",
                 "achieved_rate_rps",
                 "load_sustained",

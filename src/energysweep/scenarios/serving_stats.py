@@ -31,7 +31,8 @@ def window_stats(
     does). At a request rate, ``load_sustained`` is the share of the window's arrivals the server
     took on instead of queueing: 1 - (growth of the queue over the window) / (requests sent in
     it), the queue being the requests in flight beyond ``capacity`` (batch cap x dp); a server
-    that keeps up ends the window with the queue it started with.
+    that keeps up ends the window with the queue it started with. Arrivals the client dropped
+    (too many requests in flight already) count as offered and not taken on.
     """
     lo, hi = run.open_s, run.close_s
     if lo is None or hi is None:
@@ -54,6 +55,7 @@ def window_stats(
     )
     duration = hi - lo
     sent = sum(inside(r.send_s) for r in run.records)
+    dropped = sum(inside(t) for t in run.dropped_s)
     growth = queued(run, hi, capacity) - queued(run, lo, capacity)
     return {
         "window_s": duration,
@@ -63,9 +65,12 @@ def window_stats(
         "requests_sent": len(run.records),
         "request_errors": sum(not r.success and not r.cancelled for r in run.records),
         "requests_cancelled": sum(r.cancelled for r in run.records),
-        "arrival_rate_rps": sent / duration,
+        "arrival_rate_rps": (sent + dropped) / duration,
         "achieved_rate_rps": len(done) / duration,
-        "load_sustained": (1.0 - max(0, growth) / sent) if sent else None,
+        "load_sustained": (
+            (1.0 - (max(0, growth) + dropped) / (sent + dropped)) if sent + dropped else None
+        ),
+        "requests_dropped": len(run.dropped_s),
         "slo_met_requests": int(met),
         **{f"ttft_p{q}_s": _pct(ttfts, q) for q in (50, 99)},
         **{f"tpot_p{q}_s": _pct(tpots, q) for q in (50, 99)},

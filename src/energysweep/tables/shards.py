@@ -124,6 +124,8 @@ requests_sent           int64   null requests sent in the load run (ramp, window
 request_errors          int64   null requests of the load run that failed (any phase)
 requests_cancelled      int64   null requests still queued when the drain's running ones ended,
                                      cancelled (they never ran inside the window; no error)
+requests_dropped        int64   null rate: arrivals not sent, the client already having 64 per
+                                     engine slot (and >= 1024) in flight; offered, not taken on
 arrival_rate_rps        float64 null requests sent inside the window / its length
 achieved_rate_rps       float64 null requests completed inside the window / its length
 achieved_concurrency    float64 null mean requests running in the engine over the window (its
@@ -187,7 +189,7 @@ BATCH_LOAD = "batch"
 # The serving group's nullable columns (null outside a serving window).
 SERVING_NULLABLE = [
     "offered_load", "burstiness", "requests_sent", "request_errors", "requests_cancelled",
-    "arrival_rate_rps",
+    "requests_dropped", "arrival_rate_rps",
     "achieved_rate_rps", "achieved_concurrency", "load_sustained", "slo_met_requests", "ramp_s",
     "drain_s",
     "queue_waiting_mean", "queue_waiting_max", "queue_time_mean_s", "ttft_p50_s", "ttft_p99_s",

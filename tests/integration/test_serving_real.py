@@ -32,8 +32,8 @@ RATES = {
     "scenarios": ["serving"],
     "parallel": {"tp": [1, 2], "pp": [1, 2], "dp": [1, 2], "max_gpus_per_job": 2},
     # Prompts and dtype as the offline sweep of test_vllm_real, whose greedy tokens the server's
-    # must begin with; 32 new tokens make a request long enough for 256 req/s to overload.
-    "workload": {**OFFLINE["workload"], "output_tokens": 32, "repetitions": 1, "iterations": 8},
+    # must begin with; 16 new tokens make a request long enough for 256 req/s to overload.
+    "workload": {**OFFLINE["workload"], "output_tokens": 16, "repetitions": 1, "iterations": 4},
     "measurement": {"min_window_s": 1, "idle_baseline_s": 0, "cooldown_s": 0, "sampler_hz": 0},
     "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
     "dtype": OFFLINE["dtype"],
@@ -124,7 +124,7 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     assert set(shards["load"]) == {"rate=4", "rate=16", "rate=256"}
     assert (shards["phase"] == "serve").all()
     w = shards.assign(s=(shards["window_end_ns"] - shards["window_start_ns"]) / 1e9)
-    assert (w["s"] >= 1.0).all() and (w["requests"] >= 8).all() and (w["ramp_s"] > 0).all()
+    assert (w["s"] >= 1.0).all() and (w["requests"] >= 4).all() and (w["ramp_s"] > 0).all()
     for col in ("ttft_p99_s", "tpot_p50_s", "itl_p50_s", "e2e_p99_s", "achieved_concurrency",
                 "queue_time_mean_s", "arrival_rate_rps", "load_sustained"):  # fmt: skip
         assert shards[col].notna().all(), col
@@ -133,8 +133,10 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     assert {"warmup", "ramp", "window"} <= set(req["request_phase"])
     assert set(req["metrics_status"]) <= {"measured", "cancelled"}  # nothing failed
     done = req[req["metrics_status"] == "measured"]
-    assert (done["output_tokens"] == 32).all()
-    assert done["itl_s"].map(len).eq(31).all()  # one streamed chunk per token after the first
+    assert (done["output_tokens"] == 16).all()
+    # One streamed chunk per token after the first, but a busy server may bundle a few.
+    chunks = done["itl_s"].map(len)
+    assert (chunks <= 15).all() and (chunks == 15).mean() > 0.8
     sent = req[req["load"] != "warmup"].groupby("load").size()
     assert sent.to_dict() == dict(zip(shards["load"], shards["requests_sent"], strict=True))
     record = json.loads((d / "job.json").read_text())
@@ -150,8 +152,8 @@ def test_greedy_tokens_through_the_server_equal_the_offline_engine(served, vllm_
     for lay in LAYOUTS:
         g = pd.read_parquet(served["wf"] / serving_dir(*lay) / "generations.parquet")
         got = {r.prompt_index: list(r.token_ids) for r in g.itertuples()}
-        assert sorted(got) == [0, 1, 2] and all(len(t) == 32 for t in got.values()), (lay, got)
-        # Greedy: the first 8 of 32 tokens are the offline run's 8.
+        assert sorted(got) == [0, 1, 2] and all(len(t) == 16 for t in got.values()), (lay, got)
+        # Greedy: the first 8 of 16 tokens are the offline run's 8.
         assert {p: t[:8] for p, t in got.items()} == {p: offline[p] for p in got}, lay
 
 

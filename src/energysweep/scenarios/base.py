@@ -111,7 +111,8 @@ class Scenario(ABC):
         windows: list[list[dict]] = []
         error = None
         try:
-            faults.inject(self.ctx.rank, bs, self.name)  # test-only; off unless env var set
+            layout = (self.ctx.layout.tp, self.ctx.layout.pp, self.ctx.layout.dp)
+            faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
             self.prepare(bs)
             for rep in range(self.wl["repetitions"]):
                 windows.append(self.repetition(bs, rep, cooldown_s))

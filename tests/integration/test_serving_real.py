@@ -173,29 +173,30 @@ def test_the_report_shows_the_serving_figures(served):
     assert "Serving" in html and "knee" in html
 
 
-@pytest.mark.timeout(600)
-def test_a_server_that_cannot_load_its_model_fails_the_job_with_the_engines_error(tmp_path):
+@pytest.mark.timeout(300)
+def test_a_server_that_cannot_load_its_model_fails_at_once_with_the_engines_error(tmp_path):
+    """The real engine's failure, through the server's start (the job's path for it is the fake
+    server's in test_serving_fake): it exits before it is healthy, the error names the cause."""
+    from energysweep.job.layout import ParallelLayout
+    from energysweep.launch.ports import free_port
+    from energysweep.launch.server import Server, ServerFailed, ServerOptions
     from energysweep.sweep.tinymodel import build_tiny_model
 
-    wf = workflow_copy(tmp_path)
     model = build_tiny_model(tmp_path / "broken")
-    # Tokenizer and config intact (the client tokenizes), weights unreadable (the server fails).
     (model / "model.safetensors").write_bytes(b"not a safetensors file")
-    config = {
-        **RATES, "models": [{"name": "broken", "path": str(model)}],
-        "serving": {**RATES["serving"], "parallel": {"tp": [1], "pp": [1], "dp": [1]}},
-        "environments": {"vllm": vllm_python()},
-    }  # fmt: skip
-    (wf / "config" / "serving.yaml").write_text(yaml.safe_dump(config))
+    engine = {"enforce_eager": True, "cpu_kvcache_gib": 1}
+    options = ServerOptions("vllm", vllm_python(), str(model), ParallelLayout(1, 1, 1), 2, 80,
+                            "float32", 0, engine)  # fmt: skip
+    # Not a subreaper: pytest's process must not adopt other tests' orphans.
+    server = Server(options, free_port(), "es-broken", tmp_path / "server.log", test_env(),
+                    subreaper=False)  # fmt: skip
     start = time.monotonic()
-    proc = subprocess.run(
-        ["snakemake", "--profile", "profiles/local", "--configfile", "config/serving.yaml"],
-        cwd=wf, env=test_env(), capture_output=True, text=True, timeout=540,
-    )  # fmt: skip
-    wall = time.monotonic() - start
-    assert proc.returncode != 0
-    log = (wf / "logs" / "measure" / "model~broken" / "backend~vllm" / "scenario~serving"
-           / "tp~1" / "pp~1" / "dp~1.log").read_text()  # fmt: skip
-    assert "before healthy" in log and "safetensors" in log.lower(), log[-3000:]
-    assert processes_in(wf) == []
-    assert wall < 400, wall
+    server.start()
+    try:
+        with pytest.raises(ServerFailed) as failed:
+            server.wait_healthy(timeout_s=240)
+    finally:
+        server.stop(5)
+    assert "before healthy" in str(failed.value) and time.monotonic() - start < 200
+    assert "safetensors" in (tmp_path / "server.log").read_text().lower()
+    assert server.pids() == []

@@ -183,7 +183,7 @@ class Server:
     """One running server (see the module docstring). Start it from the client process only."""
 
     def __init__(self, options: ServerOptions, port: int, name: str, log_path: Path,
-                 base_env: dict, vllm_port: int | None = None):  # fmt: skip
+                 base_env: dict, vllm_port: int | None = None, subreaper: bool = True):  # fmt: skip
         self.options = options
         self.port = port
         self.name = name
@@ -191,6 +191,9 @@ class Server:
         self.argv = SERVER_ARGV[options.backend](options, port, name)
         self.env = server_env(options, base_env, vllm_port)
         self.proc: subprocess.Popen | None = None
+        # The serving client adopts its server's orphans (module docstring); a caller that is
+        # no dedicated client (a test) may keep its own process as it is.
+        self.subreaper = subreaper
         self.started_at: float | None = None
         self._shm: set[str] = set()
 
@@ -204,7 +207,8 @@ class Server:
                 f"port {self.port} on {HOST} is taken by another process: the "
                 f"{self.options.backend} server cannot listen there"
             )
-        procs.become_subreaper()
+        if self.subreaper:
+            procs.become_subreaper()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

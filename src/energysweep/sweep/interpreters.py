@@ -218,7 +218,11 @@ def check(
                 f"but its environment is broken: {result['detail']}; {hint}"
             )
     serves = any(SERVING in BACKENDS[b].scenarios for b in config["backends"])
-    if SERVING in config["scenarios"] and serves:
+    # One problem per key: a vLLM environment already reported broken or missing is not
+    # reported again for the load generator it also holds.
+    key = f"config key environments.{LOAD_GENERATOR_BACKEND}:"
+    reported = any(m.startswith(key) for m in errors + warnings)
+    if SERVING in config["scenarios"] and serves and not reported:
         errors += _check_load_generator(envs, workflow_dir, dry_run, warnings, cache_file)
     return errors, warnings
 

@@ -250,14 +250,7 @@ async def run_load(
         await _closed_loop(int(point.level), launch, win)
     else:
         bound = max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * capacity)
-
-        def offer(i: int) -> None:
-            if len(tasks) < bound:
-                launch(i)
-            else:
-                dropped.append(clock())
-
-        await _open_loop(point, arrivals, offer, win)
+        await _open_loop(point, arrivals, _bounded(launch, tasks, bound, dropped, clock), win)
     win.cancel()
     await _drain(tasks, capacity)
     records.sort(key=lambda r: r.index)
@@ -274,6 +267,19 @@ async def run_load(
         wall_offset,
         dropped,
     )
+
+
+def _bounded(launch, in_flight: dict, bound: int, dropped: list[float], clock):
+    """``launch`` as an open loop offers it: an arrival while ``bound`` requests are in flight
+    is not sent; its time goes to ``dropped`` (offered load the server did not take on)."""
+
+    def offer(i: int) -> None:
+        if len(in_flight) < bound:
+            launch(i)
+        else:
+            dropped.append(clock())
+
+    return offer
 
 
 async def _drain(tasks: dict[int, asyncio.Task], capacity: int) -> None:

@@ -169,7 +169,9 @@ def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
         **{c: g[c].astype(float).sum(min_count=1) for c in SUMMED},
         "serving_status": statuses or "not-applicable (no serving load)",
     }
-    for metric in ("energy_per_request_j", "energy_per_total_token_j", "achieved_rate_rps"):
+    for metric in ("energy_per_request_j", "energy_per_total_token_j",
+                   "energy_per_request_idle_adjusted_j", "energy_per_total_token_idle_adjusted_j",
+                   "energy_per_output_token_idle_adjusted_j", "achieved_rate_rps"):  # fmt: skip
         row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = bootstrap_ci(ok[metric].astype(float))
     return row
 

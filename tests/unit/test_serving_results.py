@@ -52,6 +52,9 @@ def test_serving_windows_and_points_carry_their_figures():
     assert serve["goodput_rps"] == pytest.approx(15.0) and serve["load_sustained_min"] == 1.0
     assert serve["requests_sent"] == 180 and serve["request_errors"] == 0
     assert serve["energy_per_request_j_ci_low"] <= serve["energy_per_request_j"]
+    for m in ("energy_per_request", "energy_per_total_token", "energy_per_output_token"):
+        lo, hi = (serve[f"{m}_idle_adjusted_j_ci_{e}"] for e in ("low", "high"))
+        assert lo <= serve[f"{m}_idle_adjusted_j"] <= hi, m
     batch = s[s["scenario"] == "inference"].iloc[0]
     assert batch["load"] == "batch" and math.isnan(batch["goodput_rps"])
     assert batch["serving_status"].startswith("not-applicable")

@@ -12,8 +12,10 @@ Per window, from its first shard row (the serving columns are the window's, not 
 
 Per point: medians over its ok repetitions, except ``load_sustained_min`` (the worst repetition:
 a load is sustained only if every repetition sustained it) and ``request_errors``,
-``requests_sent``, ``requests_cancelled`` (summed over every repetition); bootstrap CIs of
-J/request, J/total token and achieved requests/s as for the other headline figures.
+``requests_sent``, ``requests_cancelled``, ``requests_dropped`` (summed over every repetition);
+bootstrap CIs of J/request and J/total token, gross and idle-adjusted, of the idle-adjusted
+J/output token (the gross one's is every point's) and of achieved requests/s, as for the other
+headline figures.
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ _MEDIANS = [
     "itl_p99_s", "e2e_p50_s", "e2e_p99_s",
 ]  # fmt: skip
 _SUMMED = ("request_errors", "requests_sent", "requests_cancelled", "requests_dropped")
-_CI = ["energy_per_request_j", "energy_per_total_token_j", "achieved_rate_rps"]
+# Gross and idle-adjusted (J/output token gross: the shared energy_per_output_token_j's CI).
+_CI = [
+    "energy_per_request_j", "energy_per_total_token_j", "energy_per_request_idle_adjusted_j",
+    "energy_per_total_token_idle_adjusted_j", "energy_per_output_token_idle_adjusted_j",
+    "achieved_rate_rps",
+]  # fmt: skip
 NOT_SERVING = "not-applicable (no serving load)"
 
 
@@ -102,3 +109,10 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
     "load_sustained_min": ("serving_status", "status"),
     **{f"{m}_ci_{e}": ("ci_status", *_ENERGY) for m in _CI for e in ("low", "high")},
 }
+# Idle-adjusted: also null without an idle baseline; per output token: also on training points.
+for _e in ("low", "high"):
+    for _m in _CI:
+        if "idle_adjusted" in _m:
+            NULL_STATUS[f"{_m}_ci_{_e}"] = ("idle_status", *NULL_STATUS[f"{_m}_ci_{_e}"])
+    _c = f"energy_per_output_token_idle_adjusted_j_ci_{_e}"
+    NULL_STATUS[_c] = ("output_token_status", *NULL_STATUS[_c])

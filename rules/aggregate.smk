@@ -16,7 +16,7 @@ rule record_config:
         "../envs/base.yaml"
     params:
         config=config,
-        config_hash=CONFIG_HASH,
+        sweep_hash=SWEEP_HASH,
         code_version=CODE_VERSION,
     script:
         "../scripts/record_config.py"

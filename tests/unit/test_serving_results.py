@@ -14,12 +14,18 @@ from energysweep.figures import draw as fdraw
 from energysweep.figures import prepare, serving_latency, serving_pareto, serving_slo
 from energysweep.figures.pareto import FRONT_GID
 from energysweep.figures.serving import KNEE_GID, NO_SERVING, SLO_GID
+from energysweep.job.sections import schema_defaults
 from energysweep.results import unexplained_nulls
 from energysweep.tables import shards
 from energysweep.validity import serving as sv
-from energysweep.validity.verdict import annotate, settings
+from energysweep.validity.verdict import Thresholds, annotate
 
 from tests_rows import row
+
+
+def _thresholds() -> Thresholds:
+    """The schema's validity thresholds."""
+    return Thresholds.from_config(schema_defaults("validity"))
 
 
 def serving_row(load: float, rep: int, sustained: float, errors: int = 0, **over) -> dict:
@@ -85,7 +91,7 @@ def knee_frame(points: list[tuple]) -> pd.DataFrame:
     ],
 )
 def test_the_knee_is_the_first_point_that_breaks_a_rule(points, knee_at, why):
-    k = sv.knee(knee_frame(points), settings({})).set_index("offered_load")
+    k = sv.knee(knee_frame(points), _thresholds()).set_index("offered_load")
     assert k.loc[knee_at, "knee"] is True and why in k.loc[knee_at, "knee_reason"]
     assert k["knee"].sum() == 1
     below = k.index < knee_at
@@ -96,7 +102,7 @@ def test_the_knee_is_the_first_point_that_breaks_a_rule(points, knee_at, why):
 
 
 def test_throughput_rising_with_latency_is_no_knee():
-    k = sv.knee(knee_frame([(1, 10, 0.013, 1.0, 0), (4, 27, 0.034, 1.0, 0)]), settings({}))
+    k = sv.knee(knee_frame([(1, 10, 0.013, 1.0, 0), (4, 27, 0.034, 1.0, 0)]), _thresholds())
     assert (k["sustainable"] == True).all() and not k["knee"].any()  # noqa: E712
 
 
@@ -111,7 +117,7 @@ def test_load_not_sustained_and_request_errors_invalidate_serving_points_only():
     from energysweep.validity.verdict import ROW_COLUMNS
 
     validation = recheck.recheck(merged[ROW_COLUMNS], pd.DataFrame(), {})
-    out = annotate(s, merged, validation, {}).set_index("load")
+    out = annotate(s, merged, validation, _thresholds()).set_index("load")
     codes = out["invalid_reasons"].str.split(";")
     assert "load_not_sustained" not in codes["rate=2"]
     assert {"load_not_sustained", "request_errors"} <= set(codes["rate=64"])

@@ -15,6 +15,7 @@ import pandas as pd
 from energysweep.aggregate.bootstrap import bootstrap_ci
 from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS
+from energysweep.tables.status import Status
 
 LAYOUT_KEYS = ["tp", "pp", "dp"]
 
@@ -58,7 +59,7 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     The summary has these only as medians without a CI (or not at all for training), so they
     are derived here from the same windows the summary came from, with the same CI method.
     """
-    head = windows[windows["phase"].isin(HEADLINE_PHASES) & windows["status"].eq("ok")]
+    head = windows[windows["phase"].isin(HEADLINE_PHASES) & windows["status"].eq(Status.OK)]
     if head.empty:
         return summary
     head = head.assign(_tokens=_window_tokens(head).astype(float))

@@ -34,10 +34,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.sections import Engine
+from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
 from energysweep.util.http import http_get
 
@@ -61,7 +63,7 @@ class ServerOptions:
     max_model_len: int
     dtype: str
     seed: int
-    engine: dict = field(default_factory=dict)
+    engine: Engine
     on_gpu: bool = False
 
 
@@ -79,10 +81,10 @@ def vllm_argv(o: ServerOptions, port: int, name: str) -> list[str]:
         # One line per request otherwise: the server's log is copied into the rule's log.
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
-    if o.engine.get("enforce_eager"):
+    if o.engine.enforce_eager:
         argv.append("--enforce-eager")
     if o.on_gpu:
-        argv += ["--gpu-memory-utilization", str(o.engine["gpu_memory_utilization"])]
+        argv += ["--gpu-memory-utilization", str(o.engine.gpu_memory_utilization)]
     return argv
 
 
@@ -129,7 +131,7 @@ def server_env(o: ServerOptions, base: dict, vllm_port: int | None) -> dict:
         if vllm_port is not None:
             env["VLLM_PORT"] = str(vllm_port)
         if not o.on_gpu:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(o.engine["cpu_kvcache_gib"]))
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(o.engine.cpu_kvcache_gib))
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(
                 o.layout.world_size, sorted(os.sched_getaffinity(0))
             )
@@ -348,28 +350,26 @@ def worker_gpu(title: str, parent_title: str, tp: int, pp: int) -> int | None:
     return (d * pp + p) * tp + t
 
 
-def server_for_job(spec: dict, model_dir: str, layout: ParallelLayout, on_gpu: bool, cap: int,
-                   log_path: Path) -> Server:  # fmt: skip
+def server_for_job(job: LaunchedJob, model_dir: str, layout: ParallelLayout, on_gpu: bool,
+                   cap: int, log_path: Path) -> Server:  # fmt: skip
     """The (unstarted) server of one batch cap of a serving job.
 
-    Its interpreter is ``spec["server_python"]`` (the backend's environment; the client may run
+    Its interpreter is ``job.server_python`` (the backend's environment; the client may run
     in another); its port comes from the Slurm job id, else a free one; vLLM's internal ports
     from the job's ``VLLM_PORT`` block (energysweep.launch.argv.backend_env).
     """
     from energysweep.launch.ports import free_port, server_port
 
-    engine = spec.get("engine") or {}
-    workload = spec["workload"]
-    max_len = engine.get("max_model_len") or (
-        int(workload["max_input_tokens"]) + int(workload["output_tokens"])
+    max_len = (job.engine.max_model_len if job.engine is not None else None) or (
+        int(job.workload.max_input_tokens) + int(job.workload.output_tokens)
     )
     options = ServerOptions(
-        backend=spec["job"]["backend"], python=spec.get("server_python") or sys.executable,
+        backend=job.key.backend, python=job.server_python or sys.executable,
         model_dir=model_dir, layout=layout, max_num_seqs=int(cap), max_model_len=int(max_len),
-        dtype=spec["dtype"], seed=int(spec["seed"]), engine=engine, on_gpu=on_gpu,
+        dtype=job.dtype, seed=int(job.seed), engine=job.engine, on_gpu=on_gpu,
     )  # fmt: skip
     slurm_id = os.environ.get("SLURM_JOB_ID")
     port = server_port(slurm_id) if slurm_id else free_port()
     vllm_port = int(os.environ["VLLM_PORT"]) if "VLLM_PORT" in os.environ else None
-    name = f"energysweep-{str(spec['job_id'])[:12]}"
+    name = f"energysweep-{job.job_id[:12]}"
     return Server(options, port, name, log_path, dict(os.environ), vllm_port)

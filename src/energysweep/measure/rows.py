@@ -7,33 +7,32 @@ import os
 import sys
 
 from energysweep import dist
-from energysweep.energy import STATUS_NOT_MEASURED, STATUS_UNAVAILABLE, GpuReading
-from energysweep.job.placement import Placement
+from energysweep.energy import GpuReading
+from energysweep.job.spec import LaunchedJob
 from energysweep.tables import shards
 from energysweep.tables.phases import Phase
+from energysweep.tables.status import EnergyStatus, Status
 
 
 def base_row(
-    spec: dict, ctx: dist.RankContext, bs: int, rep: int, phase: Phase = Phase.GENERATE
+    job: LaunchedJob, ctx: dist.RankContext, bs: int, rep: int, phase: Phase = Phase.GENERATE
 ) -> dict:
     """Every column of a row that does not depend on the window's readings.
 
     Job-level measurements (idle baseline, host energy, parameters) default to not-measured;
     :func:`window_rows` fills them in.
     """
-    job = spec["job"]
     not_measured = "not measured by this scenario"
-    gpn = spec.get("gpus_per_node")
-    placement = Placement(ctx.layout, job["backend"], gpn, job["scenario"])
+    placement = job.placement
     launchers, gpu_workers = placement.processes
     return {
         "schema_version": shards.SCHEMA_VERSION,
-        "job_id": spec["job_id"],
-        "config_hash": spec["config_hash"],
-        "code_version": spec["code_version"],
-        "model": job["model"],
-        "backend": job["backend"],
-        "scenario": job["scenario"],
+        "job_id": job.job_id,
+        "config_hash": job.config_hash,
+        "code_version": job.code_version,
+        "model": job.key.model,
+        "backend": job.key.backend,
+        "scenario": job.key.scenario,
         "tp": ctx.layout.tp,
         "pp": ctx.layout.pp,
         "dp": ctx.layout.dp,
@@ -46,7 +45,7 @@ def base_row(
         "load": shards.BATCH_LOAD,
         "repetition": rep,
         "phase": str(phase),
-        "min_window_s": float(spec["measurement"].get("min_window_s", 0.0)),
+        "min_window_s": float(job.measurement.min_window_s),
         **{k: v for k, v in ctx.audit().items() if k != "world_size"},
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_partition": os.environ.get("SLURM_JOB_PARTITION"),
@@ -54,18 +53,18 @@ def base_row(
         "allocated_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "idle_window_s": None,
         "idle_gpu_power_w": None,
-        "idle_gpu_power_status": STATUS_NOT_MEASURED,
+        "idle_gpu_power_status": EnergyStatus.NOT_MEASURED,
         "host_energy_mj": None,
         "host_dram_energy_mj": None,
-        "host_energy_status": STATUS_NOT_MEASURED,
+        "host_energy_status": EnergyStatus.NOT_MEASURED,
         "host_energy_detail": not_measured,
         "idle_host_power_w": None,
-        "idle_host_power_status": STATUS_NOT_MEASURED,
+        "idle_host_power_status": EnergyStatus.NOT_MEASURED,
         "model_parameters": None,
-        "model_parameters_method": STATUS_UNAVAILABLE,
+        "model_parameters_method": EnergyStatus.UNAVAILABLE,
         "flops_estimate": None,
         "loss": None,
-        **not_serving(job["scenario"]),
+        **not_serving(job.key.scenario),
     }
 
 
@@ -95,7 +94,7 @@ def reading_cols(r: GpuReading) -> dict:
 
 
 def window_cols(
-    status="ok", error=None, start=None, end=None, iters=None, req=None, tin=None, tout=None
+    status=Status.OK, error=None, start=None, end=None, iters=None, req=None, tin=None, tout=None
 ) -> dict:
     return {
         "status": status,
@@ -128,7 +127,7 @@ def count_parameters(model_dir: str) -> int | None:
         return None
 
 
-def model_parameters(spec: dict, model_dir: str) -> tuple[int | None, str]:
+def model_parameters(job: LaunchedJob, model_dir: str) -> tuple[int | None, str]:
     """Parameters of one replica: from the checkpoint, else models[].dims.
 
     Every rank counts (the same config.json, the same number) rather than waiting in a
@@ -138,14 +137,14 @@ def model_parameters(spec: dict, model_dir: str) -> tuple[int | None, str]:
     counted = count_parameters(model_dir)
     if counted:
         return counted, "counted"
-    declared = (spec.get("model_entry") or {}).get("dims", {}).get("num_parameters")
+    declared = (job.model_entry.dims or {}).get("num_parameters")
     if declared:
         return int(declared), "config"
-    return None, STATUS_UNAVAILABLE
+    return None, EnergyStatus.UNAVAILABLE
 
 
 def window_rows(
-    spec: dict,
+    job: LaunchedJob,
     ctx: dist.RankContext,
     bs: int,
     rep: int,
@@ -162,7 +161,7 @@ def window_rows(
         monitor: the rank's :class:`energysweep.measure.monitor.JobMonitor` (idle baseline).
         params: (model parameters, how they were found), :func:`model_parameters`.
     """
-    base = base_row(spec, ctx, bs, rep, phase)
+    base = base_row(job, ctx, bs, rep, phase)
     win = window_cols(
         start=w["start"], end=w["end"], iters=w["iterations"], tin=w["tin"], tout=w["tout"]
     )
@@ -189,7 +188,7 @@ def window_rows(
 
 
 def failed_rows(
-    spec: dict,
+    job: LaunchedJob,
     ctx: dist.RankContext,
     bs: int,
     rep: int,
@@ -206,17 +205,17 @@ def failed_rows(
         None,
         None,
         None,
-        STATUS_UNAVAILABLE,
+        EnergyStatus.UNAVAILABLE,
         "none",
         f"grid point failed ({status}); nothing measured",
     )
     return [
         {
-            **base_row(spec, ctx, bs, rep, phase),
+            **base_row(job, ctx, bs, rep, phase),
             **window_cols(status=status, error=msg),
             **reading_cols(fail),
             **monitor.job_cols(fail),
-            "host_energy_status": STATUS_UNAVAILABLE,
+            "host_energy_status": EnergyStatus.UNAVAILABLE,
             "host_energy_detail": "grid point failed; nothing measured",
             "model_parameters": params[0],
             "model_parameters_method": params[1],

@@ -14,9 +14,11 @@ from abc import ABC, abstractmethod
 
 from energysweep import dist
 from energysweep.energy import CpuTime
+from energysweep.job.spec import LaunchedJob
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
-from energysweep.measure.window import finalize_window, measure_window
+from energysweep.measure.window import measure_window
 from energysweep.tables.phases import Phase
+from energysweep.tables.status import Status
 from energysweep.util import faults
 from energysweep.util.oom import is_oom
 
@@ -28,12 +30,6 @@ def prompt_indices(iteration: int, batch_size: int, dp: int, dp_rank: int, n_pro
     return [(start + j) % n_prompts for j in range(batch_size)]
 
 
-def collective_timeout_s(spec: dict) -> float:
-    """``limits.collective_timeout_s`` of the job (launch.run_job puts ``limits`` in the spec)."""
-    limits = spec.get("limits") or {}
-    return float(limits.get("collective_timeout_s") or dist.DEFAULT_COLLECTIVE_TIMEOUT_S)
-
-
 class Scenario(ABC):
     """Runs the windows of one job on one rank.
 
@@ -41,28 +37,34 @@ class Scenario(ABC):
         name: the scenario's name in the job (``job.scenario``, the fault hook's ``scenario``).
         generations: rows of generations.parquet (inference; empty for training).
         window_ns_total: time spent inside measured windows (job.json ``timing.window_s``).
+        rows_final: True where one process's rows are already the window's (a serving client
+            measures every GPU): rank 0 writes them as they are instead of combining ranks
+            (energysweep.aggregate.windows.combine_ranks).
     """
 
     name: str
+    rows_final = False
 
-    def __init__(self, spec: dict, ctx: dist.RankContext, backend, prompts: list[str], monitor):
-        self.spec = spec
+    def __init__(
+        self, job: LaunchedJob, ctx: dist.RankContext, backend, prompts: list[str], monitor
+    ):
+        self.job = job
         self.ctx = ctx
         self.backend = backend
         self.prompts = prompts
-        self.wl = spec["workload"]
-        self.m = spec["measurement"]
+        self.wl = job.workload
+        self.m = job.measurement
         self.monitor = monitor
         self.energy = monitor.energy
         self.host = monitor.host
         self.clock = monitor.clock
         self.sleep = monitor.sleep
-        self.min_window_s = float(self.m.get("min_window_s", 0.0))
-        self.collective_timeout_s = collective_timeout_s(spec)
+        self.min_window_s = float(self.m.min_window_s)
+        self.collective_timeout_s = float(job.limits.collective_timeout_s)
         self.cpu = CpuTime()
         self.window_ns_total = 0
         self.generations: list[dict] = []
-        self.params, self.params_method = model_parameters(spec, ctx.model_dir)
+        self.params, self.params_method = model_parameters(job, ctx.model_dir)
 
     @abstractmethod
     def phases(self) -> list[Phase]:
@@ -86,10 +88,6 @@ class Scenario(ABC):
     def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the scenario holds for the whole job."""
 
-    def finalize(self, rows_by_rank: list[list[dict]]) -> list[dict]:
-        """Every rank's rows of one repetition, merged into the shard's rows (window totals)."""
-        return finalize_window(rows_by_rank)
-
     def measured(self, step, min_iters: int, synchronize) -> dict:
         """The window rule (:func:`energysweep.measure.window.measure_window`) on this rank."""
         w = measure_window(
@@ -107,14 +105,14 @@ class Scenario(ABC):
 
     def point(self, bs: int) -> list[list[dict]]:
         """All windows of one batch size: a list (one per repetition) of this rank's rows."""
-        cooldown_s = float(self.m.get("cooldown_s", 0))
+        cooldown_s = float(self.m.cooldown_s)
         windows: list[list[dict]] = []
         error = None
         try:
             layout = (self.ctx.layout.tp, self.ctx.layout.pp, self.ctx.layout.dp)
             faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
             self.prepare(bs)
-            for rep in range(self.wl["repetitions"]):
+            for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
             if self.is_fatal(exc):
@@ -131,7 +129,7 @@ class Scenario(ABC):
         """
         traceback.print_exc()
         return (
-            "oom" if oom else "error",
+            Status.OOM if oom else Status.ERROR,
             f"{type(exc).__name__}: {exc}",
             dist.is_communication_failure(exc),
         )
@@ -173,17 +171,18 @@ class Scenario(ABC):
                 "out of step, so the job cannot go on (a failure every rank sees, such as an OOM "
                 "at this batch size, is recorded as the point's status instead). Aborting the job"
             )
-        status = "oom" if any(e[0] == "oom" for e in failed.values()) else "error"
-        return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl["repetitions"])]
+        oom = any(e[0] == Status.OOM for e in failed.values())
+        status = Status.OOM if oom else Status.ERROR
+        return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl.repetitions)]
 
     def _rows(self, bs: int, rep: int, phase: Phase, w: dict) -> list[dict]:
         return window_rows(
-            self.spec, self.ctx, bs, rep, phase, w, self.monitor, (self.params, self.params_method)
+            self.job, self.ctx, bs, rep, phase, w, self.monitor, (self.params, self.params_method)
         )
 
     def _failed_rows(self, bs: int, rep: int, status: str, msg: str) -> list[dict]:
         return failed_rows(
-            self.spec,
+            self.job,
             self.ctx,
             bs,
             rep,

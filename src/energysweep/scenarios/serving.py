@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 from energysweep.energy import wall_ns
+from energysweep.job.sections import Serving
+from energysweep.job.spec import LaunchedJob
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.serving_client import (
     Watchdog,
@@ -48,14 +50,12 @@ from energysweep.tables.phases import Phase
 from energysweep.util.http import http_get
 
 
-def load_points(serving: dict) -> list[LoadPoint]:
+def load_points(serving: Serving) -> list[LoadPoint]:
     """The sweep's load levels, ascending: ``serving.request_rates`` or ``serving.concurrency``."""
-    if serving.get("request_rates"):
-        return [
-            LoadPoint(RATE, float(r), serving.get("burstiness"))
-            for r in sorted(serving["request_rates"])
-        ]
-    return [LoadPoint(CONCURRENCY, float(c)) for c in sorted(serving["concurrency"])]
+    if serving.request_rates:
+        rates = sorted(serving.request_rates)
+        return [LoadPoint(RATE, float(r), serving.burstiness) for r in rates]
+    return [LoadPoint(CONCURRENCY, float(c)) for c in sorted(serving.concurrency)]
 
 
 def _raise_on_sigterm(signum, _frame):
@@ -67,29 +67,30 @@ class ServingScenario(Scenario):
 
     name = "serving"
     writes_requests = True  # close() writes requests.parquet
+    rows_final = True  # the client measures every GPU of the job
 
-    def __init__(self, spec: dict, ctx, prompts: list[str], monitor, make_server):
+    def __init__(self, job: LaunchedJob, ctx, prompts: list[str], monitor, make_server):
         """``make_server(cap, log_path)`` builds the (unstarted) server of a batch cap
         (energysweep.launch.server.server_for_job; run.py hands it over)."""
-        super().__init__(spec, ctx, None, prompts, monitor)
+        super().__init__(job, ctx, None, prompts, monitor)
         self.make_server = make_server
         from transformers import AutoTokenizer
 
-        self.sv = spec["serving"]
-        self.limits = spec.get("limits") or {}
+        self.sv = job.serving
+        self.limits = job.limits
         self.loads = load_points(self.sv)
-        self.backend_name = spec["job"]["backend"]
+        self.backend_name = job.key.backend
         tok = AutoTokenizer.from_pretrained(ctx.model_dir)
-        enc = tok(prompts, truncation=True, max_length=int(self.wl["max_input_tokens"]))
+        enc = tok(prompts, truncation=True, max_length=int(self.wl.max_input_tokens))
         self.token_prompts = [list(ids) for ids in enc["input_ids"]]
         self.server = None
         self.server_cpu = ServerCpuTime(lambda: self.server.pids() if self.server else [])
         self.timing: dict = {"servers": [], "load_runs": []}
         self.request_rows: list[dict] = []
-        self.watchdog = Watchdog(float(self.limits["client_stall_timeout_s"]))
+        self.watchdog = Watchdog(float(self.limits.client_stall_timeout_s))
         # The measure step stops a failed job with SIGTERM, then SIGKILL after kill_grace_s:
         # the server is stopped within half of it.
-        self.stop_grace_s = float(self.limits["kill_grace_s"]) / 2
+        self.stop_grace_s = float(self.limits.kill_grace_s) / 2
         self._run_index = 0
         signal.signal(signal.SIGTERM, _raise_on_sigterm)
 
@@ -119,19 +120,14 @@ class ServingScenario(Scenario):
     def close(self) -> None:
         self.stop_server()
         self.watchdog.disarm()
-        requests.write(self.request_rows, self.spec["outputs"]["requests"])
-
-    @staticmethod
-    def finalize(rows_by_rank: list[list[dict]]) -> list[dict]:
-        """The client's rows are final (one process measures every GPU)."""
-        return [r for rows in rows_by_rank for r in rows]
+        requests.write(self.request_rows, self.job.outputs.requests)
 
     # ------------------------------------------------------------------ the server
     def start_server(self, cap: int) -> None:
         """Start the server of batch cap ``cap`` and wait until it is healthy (bounded)."""
-        log_path = Path(self.spec["outputs"]["job_json"]).with_name(f"server-cap{cap}.log")
+        log_path = Path(self.job.outputs.job_json).with_name(f"server-cap{cap}.log")
         server = self.make_server(cap, log_path)
-        timeout = float(self.limits["server_start_timeout_s"])
+        timeout = float(self.limits.server_start_timeout_s)
         print(f"serving: starting {server.argv}", flush=True)
         self.watchdog.arm(timeout + self.watchdog.seconds)
         self.server = server
@@ -165,21 +161,21 @@ class ServingScenario(Scenario):
     def _session(self):
         import aiohttp
 
-        timeout = aiohttp.ClientTimeout(total=float(self.limits["request_timeout_s"]))
+        timeout = aiohttp.ClientTimeout(total=float(self.limits.request_timeout_s))
         return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
 
     def warm_up(self, cap: int) -> None:
         """Warm-up rounds, then the greedy tokens of the first ``cap`` prompts (generations)."""
         t0 = time.monotonic()
         n = cap * self.ctx.layout.dp
-        rounds = int(self.wl["warmup_iterations"])
+        rounds = int(self.wl.warmup_iterations)
 
         async def go():
             async with self._session() as session:
                 send = vllm_sender(
                     f"{self.server.base_url}/v1/completions",
                     self.server.name,
-                    int(self.wl["output_tokens"]),
+                    int(self.wl.output_tokens),
                     session,
                 )
                 for r in range(rounds):
@@ -196,7 +192,7 @@ class ServingScenario(Scenario):
                     self.server.base_url,
                     self.server.name,
                     self.token_prompts[:cap],
-                    int(self.wl["output_tokens"]),
+                    int(self.wl.output_tokens),
                 )
 
         tokens = asyncio.run(go())
@@ -283,20 +279,20 @@ class ServingScenario(Scenario):
         return time.monotonic() - t0
 
     def _slo(self) -> tuple[float | None, float | None]:
-        slo = self.sv["slo"]
+        slo = self.sv.slo
         return (
-            slo["ttft_ms"] / 1e3 if slo.get("ttft_ms") is not None else None,
-            slo["tpot_ms"] / 1e3 if slo.get("tpot_ms") is not None else None,
+            slo.ttft_ms / 1e3 if slo.ttft_ms is not None else None,
+            slo.tpot_ms / 1e3 if slo.tpot_ms is not None else None,
         )
 
     async def _load(self, point, cap, on_open, on_close, queue: QueueSamples, wanted):
-        seed = int(self.spec["seed"]) + self._run_index
+        seed = int(self.job.seed) + self._run_index
         self._run_index += 1
         async with self._session() as session:
             send = vllm_sender(
                 f"{self.server.base_url}/v1/completions",
                 self.server.name,
-                int(self.wl["output_tokens"]),
+                int(self.wl.output_tokens),
                 session,
             )
             sampler = None
@@ -310,9 +306,9 @@ class ServingScenario(Scenario):
                     vllm_arrivals(seed),
                     on_open,
                     on_close,
-                    ramp_requests=int(self.sv.get("ramp_requests") or cap * self.ctx.layout.dp),
+                    ramp_requests=int(self.sv.ramp_requests or cap * self.ctx.layout.dp),
                     min_window_s=self.min_window_s,
-                    min_requests=int(self.wl["iterations"]),
+                    min_requests=int(self.wl.iterations),
                     capacity=cap * self.ctx.layout.dp,
                     progress=self.watchdog.arm,
                 )
@@ -321,7 +317,7 @@ class ServingScenario(Scenario):
                     sampler.cancel()
 
     async def _sample_queue(self, session, queue: QueueSamples, wanted: dict) -> None:
-        period = 1.0 / float(self.sv["metrics_hz"])
+        period = 1.0 / float(self.sv.metrics_hz)
         url = f"{self.server.base_url}/metrics"
         while True:
             t = time.perf_counter()
@@ -359,7 +355,7 @@ class ServingScenario(Scenario):
         from energysweep.scenarios.serving_rows import request_rows
 
         self.request_rows += request_rows(
-            self.spec,
+            self.job,
             cap,
             point,
             rep,

@@ -72,7 +72,7 @@ def vllm_sender(
             ttft_s=out.ttft if out.success else None,
             itl_s=list(out.itl),
             latency_s=out.latency if out.success else None,
-            output_tokens=int(out.output_tokens or 0),
+            generated_tokens=int(out.output_tokens or 0),
             error=((out.error or "request failed")[-2000:]) if not out.success else "",
         )
 

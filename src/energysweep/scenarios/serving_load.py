@@ -82,7 +82,7 @@ class RequestRecord:
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     latency_s: float | None = None
-    output_tokens: int = 0
+    generated_tokens: int = 0  # output tokens the server returned
     error: str = ""
     finished_s: float | None = None  # when the client saw it end, success or failure
     cancelled: bool = False  # still queued when the window's running requests had ended
@@ -98,9 +98,9 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """(e2e - TTFT) / (n - 1), as vLLM's benchmark computes it; None for n < 2."""
-        if not self.success or self.output_tokens < 2 or self.ttft_s is None:
+        if not self.success or self.generated_tokens < 2 or self.ttft_s is None:
             return None
-        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+        return (self.latency_s - self.ttft_s) / (self.generated_tokens - 1)
 
     def token_times(self) -> list[float]:
         """When each output token arrived: one per streamed chunk; a chunk that carried several
@@ -110,8 +110,8 @@ class RequestRecord:
         times = [self.send_s + self.ttft_s]
         for gap in self.itl_s:
             times.append(times[-1] + gap)
-        extra = self.output_tokens - len(times)
-        return times + [times[-1]] * extra if extra > 0 else times[: max(self.output_tokens, 1)]
+        extra = self.generated_tokens - len(times)
+        return times + [times[-1]] * extra if extra > 0 else times[: max(self.generated_tokens, 1)]
 
 
 @dataclass

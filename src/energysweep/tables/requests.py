@@ -1,18 +1,16 @@
 """The per-request timing table of the engine backends, ``requests.parquet``: its schema.
 
 One row per request the engine served (vLLM, TensorRT-LLM), all replicas, warm-up included;
-backends/request_log.py writes it next to ``job.json`` (scenario inference), and so does the
-serving client (scenario serving). An inference row carries the wall-clock edges of the
-``generate`` call it was part of, so it joins to its measured window by ``window_start_ns <=
-call_start_ns`` and ``call_end_ns <= window_end_ns``; a serving row carries its own send and end
-times, its load level, repetition and phase (warmup, ramp, window, drain). Nothing unmeasured is
-0: a request without engine metrics has null timings and ``metrics_status = unavailable``; the
-serving columns are null on inference rows.
+backends/request_log.py writes it to ``job.outputs.requests`` (a ``JobDir`` path; scenario
+inference), and so does the serving client (scenario serving). An inference row carries the
+wall-clock edges of the ``generate`` call it was part of, so it joins to its measured window by
+``window_start_ns <= call_start_ns`` and ``call_end_ns <= window_end_ns``; a serving row carries
+its own send and end times, its load level, repetition and phase (warmup, ramp, window, drain).
+Nothing unmeasured is 0: a request without engine metrics has null timings and
+``metrics_status = unavailable``; the serving columns are null on inference rows.
 """
 
 from __future__ import annotations
-
-FILENAME = "requests.parquet"
 
 # (name, arrow type name, description) — arrow types are built lazily (pyarrow import).
 COLUMNS: list[tuple[str, str, str]] = [

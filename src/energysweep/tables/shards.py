@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from energysweep.job.spec import JOB_KEYS
 from energysweep.tables.io import write_atomic
 
 # v2: phase prefill, energy_source, min_window_s, Zeus cross-check, idle baseline, host (RAPL)
@@ -29,7 +30,8 @@ _COLUMNS_TABLE = """
 # The job: one model load, one layout, one code version.
 schema_version          int16   -    version of this schema
 job_id                  string  -    unique id of the job run (one model load, one layout)
-config_hash             string  -    sha256 prefix of the settings that determine this job
+config_hash             string  -    sha256 prefix of the settings that determine this job (its
+                                     JobSpec, no paths: job.spec.config_hash; not the sweep_hash)
 code_version            string  -    energysweep version + git commit (+dirty)
 model                   string  -    model name from the config
 backend                 string  -    pytorch | vllm | tensorrt-llm
@@ -178,12 +180,11 @@ def _parse_columns(text: str) -> list[tuple[str, pa.DataType, bool, str]]:
 
 COLUMNS = _parse_columns(_COLUMNS_TABLE)
 
-# A measure job's directory holds one shard per (batch size, repetition), bs~B/rep~R.parquet, and
-# the same rows again in one file, the job table (what aggregation reads: one file per job).
-JOB_TABLE = "shards.parquet"
+# A measure job's directory (energysweep.job.spec.JobDir) holds one shard per (batch size,
+# repetition) and the same rows again in one file, the job table (what aggregation reads).
 
 # A grid point, and one measured window of it (a job runs each point's repetitions and phases).
-POINT_KEYS = ["model", "backend", "scenario", "tp", "pp", "dp", "batch_size", "load"]
+POINT_KEYS = [*JOB_KEYS, "batch_size", "load"]
 # The load of every point that is not a serving load level: fixed batches.
 BATCH_LOAD = "batch"
 # The serving group's nullable columns (null outside a serving window).

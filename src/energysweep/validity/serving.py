@@ -31,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from energysweep.validity.thresholds import Thresholds
+
 SERVING_MODES = ("rate", "concurrency")
 REASONS = {
     "load_not_sustained": "achieved load < validity.min_load_sustained x offered (serving)",
@@ -51,21 +53,21 @@ def is_serving(s: pd.DataFrame) -> np.ndarray:
     )
 
 
-def fails(s: pd.DataFrame, c: dict) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def fails(s: pd.DataFrame, c: Thresholds) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(code -> failing points, points whose load_not_sustained check could not run)."""
     serving = is_serving(s)
     sustained = s["load_sustained_min"].to_numpy(dtype=float)
     unknown = serving & np.isnan(sustained)
     return (
         {
-            "load_not_sustained": serving & ~unknown & ~(sustained >= c["min_load_sustained"]),
+            "load_not_sustained": serving & ~unknown & ~(sustained >= c.min_load_sustained),
             "request_errors": serving & (s["request_errors"].fillna(0).to_numpy() > 0),
         },
         unknown,
     )
 
 
-def knee(s: pd.DataFrame, c: dict) -> pd.DataFrame:
+def knee(s: pd.DataFrame, c: Thresholds) -> pd.DataFrame:
     """``s`` with ``sustainable``, ``past_knee``, ``knee``, ``knee_reason`` and
     ``sustained_rate_rps`` (module docstring); non-serving points get them null / not-applicable."""
     out = s.copy()
@@ -82,7 +84,7 @@ def knee(s: pd.DataFrame, c: dict) -> pd.DataFrame:
     return out
 
 
-def _series(out: pd.DataFrame, series: pd.DataFrame, c: dict) -> None:
+def _series(out: pd.DataFrame, series: pd.DataFrame, c: Thresholds) -> None:
     """Walk one series by increasing load, writing its knee columns into ``out``."""
     best = 0.0
     last = None  # (p99 TTFT, requests/s) of the last sustainable point
@@ -92,15 +94,15 @@ def _series(out: pd.DataFrame, series: pd.DataFrame, c: dict) -> None:
         if row["request_errors"] > 0:
             reasons.append(f"{int(row['request_errors'])} request(s) failed")
         sustained = row["load_sustained_min"]
-        if pd.notna(sustained) and sustained < c["min_load_sustained"]:
+        if pd.notna(sustained) and sustained < c.min_load_sustained:
             reasons.append(f"achieved {sustained:.0%} of the offered load")
         rate = row["achieved_rate_rps"]
-        if best > 0 and pd.notna(rate) and rate < c["knee_min_throughput_fraction"] * best:
+        if best > 0 and pd.notna(rate) and rate < c.knee_min_throughput_fraction * best:
             reasons.append(f"requests/s fell to {rate / best:.0%} of the best earlier point")
         ttft = row["ttft_p99_s"]
         if last is not None and pd.notna(ttft) and pd.notna(rate) and rate > 0:
             growth = (ttft / last[0]) / (rate / last[1])
-            if growth > c["knee_max_ttft_growth"]:
+            if growth > c.knee_max_ttft_growth:
                 reasons.append(
                     f"p99 TTFT x{ttft / last[0]:.1f} for requests/s x{rate / last[1]:.2f} since "
                     "the last sustainable point"

@@ -114,8 +114,9 @@ cpu_time_s              float64 null user+system CPU seconds of this rank's proc
 model_parameters        int64   null parameters of one model replica (all its ranks)
 model_parameters_method string  -    counted (checkpoint config built on the meta device) | config
                                      (models[].dims) | unavailable
-flops_estimate          float64 null ESTIMATE 2 * model_parameters * (input_tokens + output_tokens):
-                                     window FLOPs, all GPUs
+flops_estimate          float64 null ESTIMATE window FLOPs, all GPUs: 2 * model_parameters *
+                                     (input_tokens + output_tokens) for inference, 6 *
+                                     model_parameters * input_tokens for training
 loss                    float64 null training: mean global-batch loss over the window's steps; null
                                      for inference
 # Serving: one load run's window (scenario serving; null elsewhere, serving_status says why).

@@ -362,6 +362,7 @@ def _stages(gpu: bool) -> pd.DataFrame:
                     "pp": 2,
                     "dp": 1,
                     "batch_size": bs,
+                    "load": "batch",
                     "phase": "generate",
                     "pp_rank": rank,
                     "gpu_energy_j": 10 * share if gpu else math.nan,

@@ -22,6 +22,8 @@ import yaml
 from test_vllm_real import CONFIG as OFFLINE
 from test_vllm_real import processes_in, tokens
 
+from energysweep.job.sections import Engine, load_section, schema_defaults
+
 from conftest import test_env, vllm_python, workflow_copy
 
 pytestmark = [pytest.mark.integration]
@@ -184,7 +186,9 @@ def test_a_server_that_cannot_load_its_model_fails_at_once_with_the_engines_erro
 
     model = build_tiny_model(tmp_path / "broken")
     (model / "model.safetensors").write_bytes(b"not a safetensors file")
-    engine = {"enforce_eager": True, "cpu_kvcache_gib": 1}
+    engine = load_section(
+        Engine, {**schema_defaults("engine"), "enforce_eager": True, "cpu_kvcache_gib": 1}, "engine"
+    )
     options = ServerOptions("vllm", vllm_python(), str(model), ParallelLayout(1, 1, 1), 2, 80,
                             "float32", 0, engine)  # fmt: skip
     # Not a subreaper: pytest's process must not adopt other tests' orphans.

@@ -20,6 +20,7 @@ from energysweep.launch.server import (
     ServerFailed,
     ServerOptions,
     cpu_bind,
+    port_is_free,
     server_env,
     trtllm_argv,
     vllm_argv,
@@ -205,3 +206,18 @@ def test_a_taken_port_refuses_the_server_before_it_starts(tmp_path):
         with pytest.raises(ServerFailed, match=f"port {port} on 127.0.0.1 is taken"):
             server.start()
     assert server.proc is None and not (tmp_path / "server.log").exists()
+
+
+def test_a_port_whose_last_server_closed_its_connections_is_free_again():
+    # The next batch cap's server of a Slurm job reuses the port: the previous server's
+    # connections it closed first linger in TIME_WAIT there, and must not count as taken.
+    with socket.socket() as lst:
+        lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        lst.bind(("127.0.0.1", 0))
+        lst.listen()
+        port = lst.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = lst.accept()
+            conn.close()  # the server side closes first: its end goes to TIME_WAIT
+            client.recv(1)
+    assert port_is_free(port)

@@ -139,7 +139,11 @@ def server_env(o: ServerOptions, base: dict, vllm_port: int | None) -> dict:
 
 
 def port_is_free(port: int) -> bool:
+    """No socket listens on ``port``. Bound as the servers bind (uvicorn and trtllm-serve set
+    SO_REUSEADDR): connections of the batch cap's previous server left in TIME_WAIT on the same
+    port (a Slurm job's port is fixed) do not keep the next server out."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:

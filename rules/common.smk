@@ -43,6 +43,8 @@ SWEEP_HASH = es_config.sweep_hash(config)
 CODE_VERSION = code_version(workflow.basedir)
 MODELS = {m["name"]: m for m in config["models"]}
 BATCH_SIZES = sorted(config["workload"]["batch_sizes"])
+# A serving job's batch axis is the engine's batch cap (config serving.batch_caps).
+SERVING_CAPS = sorted(config["serving"]["batch_caps"] or BATCH_SIZES)
 REPS = list(range(config["workload"]["repetitions"]))
 
 JOBS = pd.DataFrame([j.wildcards() for j in GRID.jobs], columns=list(JOB_KEYS))
@@ -55,7 +57,7 @@ JOB_PATHS = JobDir(JOB_DIR)
 wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     backend="|".join(BACKENDS),
-    scenario=r"inference|training",
+    scenario=r"inference|training|serving",
     tp=r"\d+",
     pp=r"\d+",
     dp=r"\d+",
@@ -145,13 +147,28 @@ def get_conda_env(wildcards):
 
 
 def get_python(wildcards):
-    """Interpreter of the job's ranks (energysweep.sweep.interpreters decides); "" = the job's own."""
-    return (
-        interpreters.interpreter(
-            wildcards.backend, config["environments"], workflow.basedir, USE_CONDA
-        )
-        or ""
+    """Interpreter of the job's ranks, or of a serving job's load client (energysweep.sweep.
+    interpreters decides); "" = the job's own."""
+    python, _ = interpreters.job_interpreters(
+        wildcards.backend,
+        wildcards.scenario,
+        config["environments"],
+        workflow.basedir,
+        USE_CONDA,
     )
+    return python or ""
+
+
+def get_server_python(wildcards):
+    """Interpreter of a serving job's server (its backend's environment); "" elsewhere."""
+    _, python = interpreters.job_interpreters(
+        wildcards.backend,
+        wildcards.scenario,
+        config["environments"],
+        workflow.basedir,
+        USE_CONDA,
+    )
+    return python or ""
 
 
 def get_tiny_spec(wildcards):
@@ -264,6 +281,7 @@ for _func in (
     get_model_input,
     get_conda_env,
     get_python,
+    get_server_python,
     get_tiny_spec,
     get_model_dir,
     get_job_spec,

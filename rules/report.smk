@@ -36,10 +36,21 @@ rule figures:
         training=report_figure(
             "training", "3 Training", "Energy per training token and throughput"
         ),
+        serving_pareto=report_figure(
+            "serving_pareto", "4 Serving", "Energy per request vs throughput, the knee"
+        ),
+        serving_latency=report_figure(
+            "serving_latency", "4 Serving", "Latency percentiles vs load"
+        ),
+        serving_slo=report_figure(
+            "serving_slo", "4 Serving", "Energy per request vs latency under the SLO"
+        ),
     log:
         "logs/figures.log",
     conda:
         "../envs/base.yaml"
+    params:
+        slo=config["serving"]["slo"],
     script:
         "../scripts/figures.py"
 
@@ -55,13 +66,13 @@ rule report_pages:
         summary=report(
             "results/report/summary.html",
             caption="../report/summary_table.rst",
-            category="4 Tables",
+            category="5 Tables",
             labels={"figure": "Summary table (every grid point)"},
         ),
         environment=report(
             "results/report/environment.html",
             caption="../report/environment.rst",
-            category="4 Tables",
+            category="5 Tables",
             labels={"figure": "Environment and provenance"},
         ),
     log:

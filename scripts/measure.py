@@ -33,4 +33,6 @@ with step_log(sm.log[0], sm.rule) as log:
         cpus=sm.threads,
         # "" (pytorch; any backend under conda): this Python, the rule's environment.
         python=sm.params.python or sys.executable,
+        # A serving job's server interpreter ("" on other jobs).
+        server_python=sm.params.server_python or None,
     )

@@ -103,6 +103,15 @@ def emulated_run(tmp_path_factory) -> tuple[Path, str]:
     return wf, cfg
 
 
+@pytest.fixture(scope="session")
+def vllm_offline(tmp_path_factory) -> Path:
+    """The real offline vLLM sweep of test_vllm_real (once per session; test_serving_real
+    compares the server's greedy tokens with it)."""
+    from test_vllm_real import offline_run
+
+    return offline_run(tmp_path_factory)
+
+
 @pytest.fixture
 def fake_nvml(monkeypatch):
     """Install a fake pynvml (real constants/errors) wherever energysweep imports it."""

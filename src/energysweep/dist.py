@@ -141,7 +141,7 @@ def init(placement: Placement, device: str, timeout_s: float) -> tuple[int, int,
         )
     # vLLM's external_launcher reuses this group; left to create its own it fails under torchrun
     # with dp > 1 (gloo `rank < size`), so its ranks always get one, even a world of 1.
-    if world > 1 or BACKENDS[backend].torchrun_always:
+    if world > 1 or (BACKENDS[backend].torchrun_always and mode == "torchrun"):
         import torch.distributed as dist
 
         # Under direct/mpi the GPUs belong to the engine's workers: our processes only

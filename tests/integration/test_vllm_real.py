@@ -177,8 +177,9 @@ def kill_measure_step_once_segments_exist(wf: Path, config: dict, job: tuple) ->
     return spec_job_id(wf, job), made()
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def offline_run(tmp_path_factory):
+    """The offline vLLM sweep of this module: :data:`JOBS` through real Snakemake, after a job
+    whose measure step was SIGKILLed: (workflow dir, (the killed job's id, its segments))."""
     wf = workflow_copy(tmp_path_factory.mktemp("vllm-real"))
     config = {**CONFIG, "environments": {"vllm": vllm_python()}}
     killed = kill_measure_step_once_segments_exist(wf, config, ("vllm", 2, 1, 1))
@@ -218,6 +219,13 @@ def test_a_sigkilled_vllm_job_leaves_nothing_once_the_next_job_started(sweep):
         assert segments_of(job_id) == []
         assert not (Path(tempfile.gettempdir()) / f"energysweep-job-{job_id[:16]}").exists()
     assert stale_engine_segments() == []
+
+
+@pytest.fixture
+def sweep(vllm_offline):
+    """One run per session (conftest.vllm_offline): test_serving_real compares the serving
+    client's greedy tokens with the same run's."""
+    return vllm_offline
 
 
 def tokens(wf: Path, job: tuple) -> dict:

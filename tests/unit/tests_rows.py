@@ -1,9 +1,12 @@
 """A complete shard row for tests (every column, realistic values)."""
 
+from energysweep.measure.rows import not_serving
+from energysweep.tables.shards import BATCH_LOAD, SCHEMA_VERSION
+
 
 def row(**over) -> dict:
     base = {
-        "schema_version": 3,
+        "schema_version": SCHEMA_VERSION,
         "job_id": "j1",
         "config_hash": "h",
         "code_version": "0.1.0+gabc",
@@ -69,6 +72,9 @@ def row(**over) -> dict:
         "model_parameters_method": "unavailable",
         "flops_estimate": None,
         "loss": None,
+        # schema v4 (serving): a fixed-batch row
+        "load": BATCH_LOAD,
+        **not_serving("inference"),
     }
     base.update(over)
     return base

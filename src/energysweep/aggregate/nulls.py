@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from energysweep.aggregate.serving import NULL_STATUS as SERVING_NULL_STATUS
 from energysweep.tables.status import EnergyStatus, Status
 
 # Summary column -> the status columns that explain a null in it (any non-ok value explains).
@@ -115,6 +116,7 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
 for _c in _OUTPUT_TOKEN_COLUMNS:
     NULL_STATUS[_c] = ("output_token_status", *NULL_STATUS[_c])
 NULL_STATUS.update(TRAINING_NULL_STATUS)
+NULL_STATUS.update(SERVING_NULL_STATUS)
 # A status that explains nothing (the value is there): a point, energy or FLOPs count that is ok.
 OK_STATUSES = {Status.OK, EnergyStatus.MEASURED, "counted", "config"}
 # Free-text columns: null means "nothing to report", not "not measured".

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from energysweep.figures.data import prepare
 from energysweep.figures.pareto import pareto_front
 from energysweep.figures.phases import prefill_decode, stage_balance
+from energysweep.figures.serving import serving_latency, serving_pareto, serving_slo
 from energysweep.figures.style import layout_style
 from energysweep.figures.sweeps import (
     backends_compared,
@@ -35,6 +36,9 @@ FIGURES = {
     "stages": "per-stage (pp rank) share for pp > 1",
     "power_timeline": "power timeline per job with window edges",
     "training": "training: energy per token and throughput vs global batch",
+    "serving_pareto": "serving: energy per request vs achieved throughput, the knee marked",
+    "serving_latency": "serving: latency percentiles vs load",
+    "serving_slo": "serving: energy per request vs latency under the SLO",
 }
 
 __all__ = [
@@ -48,6 +52,9 @@ __all__ = [
     "prefill_decode",
     "prepare",
     "save",
+    "serving_latency",
+    "serving_pareto",
+    "serving_slo",
     "stage_balance",
     "training",
 ]

@@ -17,6 +17,9 @@ from energysweep.figures import (
     prefill_decode,
     prepare,
     save,
+    serving_latency,
+    serving_pareto,
+    serving_slo,
     stage_balance,
     timeline,
     training,
@@ -74,11 +77,12 @@ def draw_all(
     job_records: list[str | Path],
     outputs: dict[str, str | Path],
     stages_csv: str | Path | None = None,
+    slo: dict | None = None,
 ) -> dict[str, Path]:
     """Draw every figure of :data:`FIGURES` named in ``outputs`` (stem -> PNG path).
 
     ``stages_csv`` is results/stages.csv where the workflow produces it; without it the stage
-    figure is a note saying so.
+    figure is a note saying so. ``slo`` is config ``serving.slo`` (the serving figures' lines).
     """
     unknown = set(outputs) - set(FIGURES)
     if unknown:
@@ -100,6 +104,9 @@ def draw_all(
             load_power(job_records, timeline_rows), timeline_rows
         ),
         "training": lambda: training(s),
+        "serving_pareto": lambda: serving_pareto(s),
+        "serving_latency": lambda: serving_latency(s, slo),
+        "serving_slo": lambda: serving_slo(s, slo),
     }
     written = {}
     for name, out in outputs.items():

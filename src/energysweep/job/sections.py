@@ -159,6 +159,9 @@ class Limits:
     job_timeout_s: float
     collective_timeout_s: float
     kill_grace_s: float
+    server_start_timeout_s: float
+    request_timeout_s: float
+    client_stall_timeout_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +179,39 @@ class ModelEntry:
         return load_section(cls, {"spec": None, "dims": None, **entry}, f"models[{entry['name']}]")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Slo:
+    """Config ``serving.slo``: the latency objectives of goodput (None: not checked)."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Serving:
+    """Config section ``serving``: what a serving job runs (``job.serving.request_rates``).
+
+    ``parallel`` chooses which serving jobs exist, not what one measures: it is carried (a
+    section is its schema's properties) but left out of the config hash (job.spec.config_hash).
+    """
+
+    batch_caps: list[int] | None
+    request_rates: list[float] | None
+    burstiness: float | None
+    concurrency: list[int] | None
+    ramp_requests: int | None
+    slo: Slo
+    metrics_hz: float
+    parallel: dict | None
+
+    @classmethod
+    def load(cls, data, where: str) -> Serving:
+        """The section from its dict (config or JSON), ``slo`` typed too."""
+        if isinstance(data, dict) and isinstance(data.get("slo"), dict):
+            data = {**data, "slo": load_section(Slo, data["slo"], f"{where}.slo")}
+        return load_section(cls, data, where)
+
+
 # Config section name -> its dataclass (what the schema test walks).
 SECTIONS: dict[str, type] = {
     "workload": Workload,
@@ -183,4 +219,5 @@ SECTIONS: dict[str, type] = {
     "training": Training,
     "engine": Engine,
     "limits": Limits,
+    "serving": Serving,
 }

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePath
 
-from energysweep.job.backends import BACKENDS
+from energysweep.job.backends import BACKENDS, SERVING
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 from energysweep.job.sections import (
@@ -45,6 +45,7 @@ from energysweep.job.sections import (
     Limits,
     Measurement,
     ModelEntry,
+    Serving,
     Training,
     Workload,
     as_dict,
@@ -77,7 +78,7 @@ class JobKey:
 
         The one place a :class:`Placement` is made: a job reads :attr:`JobSpec.placement`.
         """
-        return Placement(self.layout, self.backend, gpus_per_node)
+        return Placement(self.layout, self.backend, gpus_per_node, self.scenario)
 
     def wildcards(self) -> dict[str, str]:
         """The key as Snakemake wildcards (its output paths' ``model~m/.../dp~1``)."""
@@ -111,8 +112,9 @@ def portable_path(path: str) -> str:
 class JobSpec:
     """What determines one job's numbers; field order is the JSON key order.
 
-    ``training`` is None except on training jobs and ``engine`` None except on engine backends'
-    jobs, so those settings do not change the other jobs' :func:`config_hash`.
+    ``training`` is None except on training jobs, ``serving`` None except on serving jobs and
+    ``engine`` None except on engine backends' jobs, so those settings do not change the other
+    jobs' :func:`config_hash`. A serving job's batch sizes are its batch caps.
     """
 
     key: JobKey
@@ -124,6 +126,7 @@ class JobSpec:
     measurement: Measurement
     training: Training | None
     engine: Engine | None
+    serving: Serving | None
 
     @classmethod
     def from_config(cls, config: dict, key: JobKey) -> JobSpec:
@@ -144,6 +147,9 @@ class JobSpec:
                 if BACKENDS[key.backend].engine
                 else None
             ),
+            serving=(
+                Serving.load(config["serving"], "serving") if key.scenario == SERVING else None
+            ),
         )
 
     @cached_property
@@ -157,7 +163,10 @@ class JobSpec:
 
     @property
     def batch_sizes(self) -> list[int]:
-        """The swept batch sizes, ascending (the order the job runs them)."""
+        """The swept batch sizes, ascending (the order the job runs them): a serving job's batch
+        caps (config serving.batch_caps; null there means workload.batch_sizes)."""
+        if self.serving is not None and self.serving.batch_caps is not None:
+            return sorted(self.serving.batch_caps)
         return sorted(self.workload.batch_sizes)
 
     def to_json(self) -> dict:
@@ -184,8 +193,10 @@ class JobSpec:
         code_version: str,
         launch_argv: list[str],
         job_id: str | None = None,
+        server_python: str | None = None,
     ) -> LaunchedJob:
-        """This spec as the ranks read it: plus what only the run knows (a new job id if None)."""
+        """This spec as the ranks read it: plus what only the run knows (a new job id if None;
+        ``server_python``: a serving job's server interpreter, None on other jobs)."""
         settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobSpec)}
         return LaunchedJob(
             **settings,
@@ -196,6 +207,7 @@ class JobSpec:
             config_hash=config_hash(self),
             code_version=code_version,
             launch_argv=list(launch_argv),
+            server_python=server_python,
         )
 
 
@@ -244,7 +256,8 @@ class LaunchedJob(JobSpec):
     Written by the launcher (energysweep.launch.job.run_job) to ``JobDir.spec_file``, loaded by
     each rank with :meth:`load`. ``outputs`` are the staging paths the ranks write to (the
     launcher publishes them under their final names); ``limits`` are passed to the ranks but are
-    no setting (not in :attr:`config_hash`).
+    no setting (not in :attr:`config_hash`), nor is ``server_python`` (a serving job's server
+    interpreter: the backend's environment; None on other jobs).
     """
 
     model_dir: str
@@ -254,6 +267,7 @@ class LaunchedJob(JobSpec):
     config_hash: str
     code_version: str
     launch_argv: list[str]
+    server_python: str | None
 
     @classmethod
     def load(cls, path: str | Path) -> LaunchedJob:
@@ -275,6 +289,8 @@ def config_hash(spec: JobSpec) -> str:
     settings = {f.name: _to_json(getattr(spec, f.name)) for f in dataclasses.fields(JobSpec)}
     settings["model_entry"]["path"] = portable_path(spec.model_entry.path)
     settings["workload"]["prompts"] = portable_path(spec.workload.prompts)
+    if spec.serving is not None:  # which serving jobs exist, not what one measures
+        del settings["serving"]["parallel"]
     blob = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -294,6 +310,7 @@ _SECTION_LOADERS = {
     "measurement": lambda v, where: load_section(Measurement, v, where),
     "training": _optional(Training),
     "engine": _optional(Engine),
+    "serving": lambda v, where: None if v is None else Serving.load(v, where),
     "limits": lambda v, where: load_section(Limits, v, where),
     "outputs": lambda v, where: load_section(Outputs, v, where),
 }

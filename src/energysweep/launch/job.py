@@ -82,12 +82,14 @@ def run_job(
     log,
     cpus: int,
     python: str = sys.executable,
+    server_python: str | None = None,
 ) -> LaunchedJob:
     """Launch ``spec``: write it as a :class:`LaunchedJob`, start its processes, and publish its
     outputs only if all of them succeeded.
 
     ``python`` is the interpreter of the backend's environment (energysweep.sweep.interpreters): the
-    ranks, and torchrun itself, run in it.
+    ranks, and torchrun itself, run in it. ``server_python``: a serving job's server interpreter
+    (the engine's environment; the client runs in ``python``), None on other jobs.
 
     The ranks read the launched job from ``job_dir.spec_file`` and write into a hidden staging
     directory in ``job_dir``; the files move to their final names (``job_dir``'s, job.json last)
@@ -130,6 +132,7 @@ def run_job(
         code_version=code_version(),
         launch_argv=argv,
         job_id=job_id,
+        server_python=server_python,
     )
     write_text_atomic(job.dumps(), job_dir.spec_file)
     ranks_here = placement.layout.world_size // placement.nodes

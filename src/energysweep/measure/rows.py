@@ -43,6 +43,7 @@ def base_row(
         "gpu_workers": gpu_workers,
         "batch_size": bs,
         "global_batch_size": bs * ctx.layout.dp,
+        "load": shards.BATCH_LOAD,
         "repetition": rep,
         "phase": str(phase),
         "min_window_s": float(job.measurement.min_window_s),
@@ -64,6 +65,16 @@ def base_row(
         "model_parameters_method": EnergyStatus.UNAVAILABLE,
         "flops_estimate": None,
         "loss": None,
+        **not_serving(job.key.scenario),
+    }
+
+
+def not_serving(scenario: str) -> dict:
+    """The serving columns of a row that is no serving window (the scenario serving fills them)."""
+    return {
+        "load_mode": shards.BATCH_LOAD,
+        **dict.fromkeys(shards.SERVING_NULLABLE),
+        "serving_status": f"not-applicable ({scenario}: fixed batches, no load generator)",
     }
 
 

@@ -37,9 +37,13 @@ class Scenario(ABC):
         name: the scenario's name in the job (``job.scenario``, the fault hook's ``scenario``).
         generations: rows of generations.parquet (inference; empty for training).
         window_ns_total: time spent inside measured windows (job.json ``timing.window_s``).
+        rows_final: True where one process's rows are already the window's (a serving client
+            measures every GPU): rank 0 writes them as they are instead of combining ranks
+            (energysweep.aggregate.windows.combine_ranks).
     """
 
     name: str
+    rows_final = False
 
     def __init__(
         self, job: LaunchedJob, ctx: dist.RankContext, backend, prompts: list[str], monitor
@@ -105,7 +109,8 @@ class Scenario(ABC):
         windows: list[list[dict]] = []
         error = None
         try:
-            faults.inject(self.ctx.rank, bs, self.name)  # test-only; off unless env var set
+            layout = (self.ctx.layout.tp, self.ctx.layout.pp, self.ctx.layout.dp)
+            faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
             self.prepare(bs)
             for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))

@@ -166,6 +166,9 @@ def check(
                 "use letters, digits and . _ - / + ~ only"
             )
     from energysweep.sweep import interpreters
+    from energysweep.sweep.serving_config import check_serving
+
+    problems += check_serving(config)
 
     errors, warnings = interpreters.check(
         config, workflow_dir if workflow_dir is not None else base_dir, use_conda, dry_run
@@ -205,6 +208,7 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         par["gpus_per_node"],
         engine=load_section(Engine, config["engine"], "engine"),
         on_cpu=runs_on_cpu(config["measurement"]["device"]),
+        serving_parallel=config["serving"]["parallel"],
     )
 
 

@@ -14,20 +14,20 @@ counter period, clock event reasons, idle stability).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from energysweep.job.sections import load_section
 from energysweep.job.spec import JobDir
 from energysweep.tables import power as tp
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 from energysweep.tables.status import ACCEPTED, EnergyStatus, Status
 from energysweep.validity import recheck as rc
+from energysweep.validity import serving as sv
 from energysweep.validity import stages as st
+from energysweep.validity.thresholds import Thresholds
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
 REASONS: dict[str, str] = {
@@ -46,6 +46,7 @@ REASONS: dict[str, str] = {
     "throttled": "a validity.throttle_reasons clock event reason was seen during a window",
     "no_timeline": "a window could not be re-checked against the power timeline",
     "recheck_mismatch": "|timeline / counter - 1| > validity.max_recheck_deviation in a window",
+    **sv.REASONS,
 }
 # Checks that need GPU energy (listed as unchecked on points without it).
 GPU_CHECKS = (
@@ -62,34 +63,11 @@ GPU_CHECKS = (
 WINDOW_CHECKS = ["window_short", "few_iterations", "steady_state_short", "batch_not_full"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Thresholds:
-    """Config section ``validity``: the verdict's thresholds (schema defaults, written once)."""
-
-    counter_period_s: float
-    min_counter_periods: float
-    min_iterations: int
-    min_steady_state_s: float
-    min_ok_repetitions: int
-    max_ci_half_width: float
-    max_idle_std_w: float
-    throttle_reasons: list[str]
-    max_recheck_deviation: float
-    power_average_s: float
-    min_batch_fill: float
-    require_timeline: bool
-
-    @classmethod
-    def from_config(cls, section: dict) -> Thresholds:
-        """The validated config's ``validity`` section (every key present: defaults filled)."""
-        return load_section(cls, section, "validity")
-
-
 # New summary columns -> status columns that explain a null in them (aggregate.nulls).
 _GPU = ("gpu_energy_status", "status")
 NULL_STATUS: dict[str, tuple[str, ...]] = {
     "steady_state_s": ("status",),
-    "batch_fill": ("status",),
+    "batch_fill": ("status", "serving_status"),
     "ci_half_width_fraction": ("ci_status", *_GPU),
     "observed_counter_period_s": ("recheck_status", *_GPU),
     "recheck_ratio": ("recheck_status", *_GPU),
@@ -101,9 +79,15 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
     "stage_cpu_time_max_min_ratio": ("stage_status", "status"),
     "gpu_energy_max_min_ratio": _GPU,
     "gpu_model": _GPU,
+    **sv.NULL_STATUS,
 }
 # Free text where empty means "nothing to report".
-INFO_COLUMNS = {"invalid_reasons", "validity_unchecked", "clock_event_reasons_seen"}
+INFO_COLUMNS = {
+    "invalid_reasons",
+    "validity_unchecked",
+    "clock_event_reasons_seen",
+    *sv.INFO_COLUMNS,
+}
 
 ROW_COLUMNS = sorted(
     set(rc.ROW_COLUMNS)
@@ -155,6 +139,12 @@ def annotate(
     win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
     win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
     s["batch_fill"] = _per_point(win, s, "batch_fill", "median")
+    # Serving: the engine's batch use, mean requests running / (cap x dp) (no validity check:
+    # the load, not a full batch, is what a serving point sets).
+    serving = sv.is_serving(s)
+    if serving.any():
+        use = s["achieved_concurrency"] / (s["batch_size"] * s["dp"])
+        s["batch_fill"] = np.where(serving, use, s["batch_fill"])
     # Steady state behind the point's figure: the ok windows' total time. A window runs only
     # full batches after the warm-up iterations, so all of it is steady state (batch_fill
     # says whether the batches were full).
@@ -174,6 +164,7 @@ def annotate(
     _verdict(s, c, gpu_status, has_energy, layout_gpus, **checks)
 
     s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
+    s = sv.knee(s, c)
     # ML.ENERGY v3 parity (README, "ML.ENERGY v3 parity"): GPUs of the layout and GPU model.
     s["gpu_count"] = layout_gpus
     names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
@@ -307,6 +298,9 @@ def _verdict(
         "no_timeline": has_energy & any_unchecked & bool(c.require_timeline),
         "recheck_mismatch": has_energy & (s["recheck_max_deviation"] > c.max_recheck_deviation),
     }
+    serving_fails, serving_unknown = sv.fails(s, c)
+    fails.update(serving_fails)
+    fails["batch_not_full"] &= ~sv.is_serving(s)
     fails = {k: np.array(v, dtype=bool) for k, v in fails.items()}
     # A point with no ok window has nothing to time: few_repetitions says it, and the window
     # checks are listed as unchecked rather than failed.
@@ -323,6 +317,8 @@ def _verdict(
             skip.append("idle_unstable")
         if has_energy.iloc[i] and any_unchecked[i]:
             skip += ["counter_stuck", "throttled", "recheck_mismatch"]
+        if serving_unknown[i]:
+            skip.append("load_not_sustained")
         unchecked.append(";".join(k for k in REASONS if k in skip))
     s["valid"] = [not x for x in codes]
     s["invalid_reasons"] = codes

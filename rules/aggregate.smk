@@ -66,5 +66,7 @@ rule merge_shards:
         "../envs/base.yaml"
     params:
         validity=config["validity"],
+        # PUE and carbon intensity for the energy boundary ladder (estimates, with provenance).
+        facility=config["facility"],
     script:
         "../scripts/aggregate.py"

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from energysweep.sweep import config as es_config
 from energysweep.sweep import interpreters
+from energysweep.sweep import settings as es_settings
 from energysweep.measure.provenance import code_version
 from energysweep.job.backends import BACKENDS
 from energysweep.job.layout import ParallelLayout
@@ -46,9 +47,12 @@ MODELS = {m["name"]: m for m in config["models"]}
 BATCH_SIZES = sorted(config["workload"]["batch_sizes"])
 REPS = list(range(config["workload"]["repetitions"]))
 
+# Swept GPU setting axes (gpu.power_limit_w, gpu.clock) are path parts after the layout; a
+# sweep without them has no such parts (energysweep.sweep.settings).
+SETTING_AXES = es_settings.swept_axes(config)
 JOBS = pd.DataFrame(
     [j.wildcards() for j in GRID.jobs],
-    columns=["model", "backend", "scenario", "tp", "pp", "dp"],
+    columns=["model", "backend", "scenario", "tp", "pp", "dp", *SETTING_AXES],
 )
 PARAMS = Paramspace(JOBS)
 JOB_DIR = f"results/shards/{PARAMS.wildcard_pattern}"
@@ -63,6 +67,8 @@ wildcard_constraints:
     tp=r"\d+",
     pp=r"\d+",
     dp=r"\d+",
+    power_limit_w=es_settings.WILDCARD_CONSTRAINTS["power_limit_w"],
+    gpu_clock=es_settings.WILDCARD_CONSTRAINTS["gpu_clock"],
 
 
 def world_size(wildcards):
@@ -174,7 +180,19 @@ def get_job_spec(wildcards):
         wildcards.tp,
         wildcards.pp,
         wildcards.dp,
+        gpu=es_settings.request(wildcards),
     ).to_dict()
+
+
+def get_slurm_extra(wildcards):
+    """`--gpu-freq=<gpu.clock>` on the job's sbatch: Slurm sets the clocks (and resets them)."""
+    return es_settings.slurm_extra(wildcards)
+
+
+def get_constraint(wildcards):
+    """The node feature asking the site's prolog for the power limit (gpu.power_limit_method
+    slurm-prolog), else None (no --constraint)."""
+    return es_settings.constraint(wildcards, config)
 
 
 def get_all_job_records():
@@ -184,6 +202,8 @@ def get_all_job_records():
 
 
 STAGE_TABLE = "results/stages.csv"
+# The report's first screen (rules/report.smk, included by report/workflow.rst).
+HEADLINE = "results/report/headline.html"
 
 
 def report_figure(name, category, question):
@@ -219,6 +239,7 @@ def get_final_outputs():
         # Every figure and report page (rules/report.smk; called after it is included).
         *rules.figures.output,
         *rules.report_pages.output,
+        HEADLINE,
     ]
 
 
@@ -269,5 +290,7 @@ for _func in (
     get_model_dir,
     get_job_spec,
     get_mem_mb,
+    get_slurm_extra,
+    get_constraint,
 ):
     overwrite_function_params(_func, inspect.signature(_func).parameters)

@@ -47,8 +47,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "backends": frozenset({"dist", "energy", "hw", "job", "tables", "torchpp", "util"}),
     "scenarios": frozenset({"dist", "energy", "hw", "job", "measure", "tables", "torchpp", "util"}),
     "aggregate": frozenset({"job", "measure", "tables", "util"}),
-    "sweep": frozenset({"job", "util", "validity"}),
-    "launch": frozenset({"job", "measure", "util"}),
+    "sweep": frozenset({"hw", "job", "util", "validity"}),
+    "launch": frozenset({"hw", "job", "measure", "util"}),
     "run": frozenset(
         {
             "backends",

@@ -45,6 +45,8 @@ def _point(backend, scenario, tp, pp, dp, bs, energy: bool, host: bool = False) 
         "tp": tp,
         "pp": pp,
         "dp": dp,
+        "gpu_power_limit_request": "unset",
+        "gpu_clock_request": "unset",
         "batch_size": bs,
         "status": "ok",
         "device": "cuda" if energy else "cpu",

@@ -113,7 +113,7 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
 for _c in _OUTPUT_TOKEN_COLUMNS:
     NULL_STATUS[_c] = ("output_token_status", *NULL_STATUS[_c])
 NULL_STATUS.update(TRAINING_NULL_STATUS)
-OK_STATUSES = {"ok", "measured", "counted", "config"}
+OK_STATUSES = {"ok", "measured", "counted", "config", "applied", "estimated"}
 # Free-text columns: null means "nothing to report", not "not measured".
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
 

@@ -13,6 +13,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from energysweep.figures.data import prepare
+from energysweep.figures.gpu_settings import baseline, settings_figure
+from energysweep.figures.headline import headline_html
+from energysweep.figures.ladder import energy_ladder
 from energysweep.figures.pareto import pareto_front
 from energysweep.figures.phases import prefill_decode, stage_balance
 from energysweep.figures.style import layout_style
@@ -34,12 +37,17 @@ FIGURES = {
     "stages": "per-stage (pp rank) share for pp > 1",
     "power_timeline": "power timeline per job with window edges",
     "training": "training: energy per token and throughput vs global batch",
+    "gpu_settings": "energy per token at each GPU power limit and clock",
+    "energy_ladder": "energy per token as the boundary widens: GPU, host, node, facility, CO2e",
 }
 
 __all__ = [
     "FIGURES",
     "backends_compared",
+    "baseline",
+    "energy_ladder",
     "energy_per_token",
+    "headline_html",
     "layout_style",
     "layouts_at_equal_gpus",
     "pareto_front",
@@ -47,6 +55,7 @@ __all__ = [
     "prefill_decode",
     "prepare",
     "save",
+    "settings_figure",
     "stage_balance",
     "training",
 ]

@@ -17,6 +17,29 @@ from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS
 
 LAYOUT_KEYS = ["tp", "pp", "dp"]
+# The GPU setting of a point (a point key since shard schema v4); absent in older tables.
+SETTING_KEYS = ["gpu_power_limit_request", "gpu_clock_request"]
+
+
+def with_setting_keys(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the setting keys, ``unset`` where a table predates them."""
+    missing = [k for k in SETTING_KEYS if k not in frame]
+    return frame.assign(**{k: "unset" for k in missing}) if missing else frame
+
+
+def setting_label(frame: pd.DataFrame) -> pd.Series:
+    """Per row the GPU setting as a reader says it: ``node default`` or ``300 W, medium``."""
+    f = with_setting_keys(frame)
+    power = f["gpu_power_limit_request"].astype(str)
+    clock = f["gpu_clock_request"].astype(str)
+    parts = pd.DataFrame(
+        {
+            "p": power.where(power == "unset", power + " W").replace("unset", ""),
+            "c": clock.where(clock != "unset", ""),
+        }
+    )
+    label = parts["p"].str.cat(parts["c"], sep=", ").str.strip(", ")
+    return label.where(label != "", "node default")
 
 
 def is_valid(frame: pd.DataFrame) -> pd.Series:
@@ -61,6 +84,7 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     head = windows[windows["phase"].isin(HEADLINE_PHASES) & windows["status"].eq("ok")]
     if head.empty:
         return summary
+    head = with_setting_keys(head)
     head = head.assign(_tokens=_window_tokens(head).astype(float))
     head = head[head["_tokens"] > 0]
     per = {
@@ -123,9 +147,10 @@ def prepare(summary: pd.DataFrame, windows: pd.DataFrame | None = None) -> pd.Da
     per-window table (``aggregate.windows`` of energy.parquet) is given, else from the summary's
     medians (ratios of medians, no CI).
     """
-    s = summary.copy()
+    s = with_setting_keys(summary.copy())
     if s.empty:
         return s
+    s["gpu_setting"] = setting_label(s)
     s["world_size"] = s["tp"] * s["pp"] * s["dp"]
     s["global_batch"] = s["batch_size"] * s["dp"]
     s["valid_point"] = is_valid(s)

@@ -10,13 +10,17 @@ from energysweep import aggregate
 from energysweep.figures import (
     FIGURES,
     backends_compared,
+    baseline,
+    energy_ladder,
     energy_per_token,
+    headline_html,
     layouts_at_equal_gpus,
     pareto_front,
     power_timeline,
     prefill_decode,
     prepare,
     save,
+    settings_figure,
     stage_balance,
     timeline,
     training,
@@ -56,8 +60,9 @@ def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None
             f"pp~{r.pp}/dp~{r.dp}"
             for r in shown.itertuples()
         }
+        # A job directory ends with its layout, or continues with its GPU setting's parts.
         job_records = [
-            j for j in job_records if any(Path(j).parent.as_posix().endswith(d) for d in dirs)
+            j for j in job_records if any(f"{d}/" in f"{Path(j).parent.as_posix()}/" for d in dirs)
         ]
     frames = [
         pd.read_parquet(Path(j).parent / POWER_FILE)
@@ -70,6 +75,28 @@ def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None
         if frames
         else pd.DataFrame(columns=["job_id", "gpu_uuid", "time_ns", "power_mw", "status", "detail"])
     )
+
+
+def load_prepared(
+    summary_csv: str | Path, energy_dir: str | Path
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The prepared summary (energysweep.figures.data.prepare, with the windows' CIs) and the
+    merged rows."""
+    summary = pd.read_csv(summary_csv)
+    energy = pd.read_parquet(energy_dir)
+    windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
+    return prepare(summary, windows), energy
+
+
+def write_headline(summary_csv: str | Path, energy_dir: str | Path, out: str | Path) -> Path:
+    """The report's first screen (energysweep.figures.headline) as an HTML fragment."""
+    s, _ = load_prepared(summary_csv, energy_dir)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(headline_html(s))
+    tmp.replace(out)
+    return out
 
 
 def draw_all(
@@ -87,10 +114,10 @@ def draw_all(
     unknown = set(outputs) - set(FIGURES)
     if unknown:
         raise ValueError(f"unknown figures {sorted(unknown)}; known: {sorted(FIGURES)}")
-    summary = pd.read_csv(summary_csv)
-    energy = pd.read_parquet(energy_dir)
-    windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
-    s = prepare(summary, windows)
+    every, energy = load_prepared(summary_csv, energy_dir)
+    # The per-layout figures draw one GPU setting (lines never mix settings); gpu_settings.png
+    # compares them all.
+    s, _ = baseline(every)
     stages = pd.read_csv(stages_csv) if stages_csv else None
     timeline_rows = energy[[c for c in ENERGY_COLUMNS if c in energy]]
     makers = {
@@ -104,6 +131,8 @@ def draw_all(
             load_power(job_records, timeline_rows), timeline_rows
         ),
         "training": lambda: training(s),
+        "gpu_settings": lambda: settings_figure(every),
+        "energy_ladder": lambda: energy_ladder(every),
     }
     written = {}
     for name, out in outputs.items():

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from energysweep.job.backends import BACKENDS
+from energysweep.job.gpu_request import GpuRequest
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 
@@ -34,7 +35,9 @@ class JobSpec:
     """Everything a job's ranks need, as data (field order = the JSON key order).
 
     ``training`` is carried by training jobs only and ``engine`` by engine backends' jobs only,
-    so those settings do not change the other jobs' :func:`settings_hash`. ``model_dir`` and
+    so those settings do not change the other jobs' :func:`settings_hash`; ``gpu`` (the job's
+    power limit and clocks, :class:`energysweep.job.gpu_request.GpuRequest` as a dict) only by
+    jobs that set one. ``model_dir`` and
     ``outputs`` are None until the measure step knows them (:meth:`with_run`).
     """
 
@@ -48,15 +51,36 @@ class JobSpec:
     model_entry: dict
     gpus_per_node: int
     engine: dict | None = None
+    gpu: dict | None = None
     model_dir: str | None = None
     outputs: dict | None = None
 
     @classmethod
     def from_config(
-        cls, config: dict, model: str, backend: str, scenario: str, tp: int, pp: int, dp: int
+        cls,
+        config: dict,
+        model: str,
+        backend: str,
+        scenario: str,
+        tp: int,
+        pp: int,
+        dp: int,
+        gpu: dict | None = None,
     ) -> JobSpec:
-        """The spec of one grid job of a validated (defaults-filled) config."""
+        """The spec of one grid job of a validated (defaults-filled) config.
+
+        Args:
+            gpu: the job's setting, ``{"power_limit_w", "clock"}`` (energysweep.sweep.settings
+                .request); None: the job changes no GPU setting.
+        """
         entry = next(m for m in config["models"] if m["name"] == model)
+        request = None
+        if gpu is not None:
+            request = GpuRequest(
+                power_limit_w=gpu["power_limit_w"],
+                clock=gpu["clock"],
+                power_limit_method=config["gpu"]["power_limit_method"],
+            ).to_dict()
         return cls(
             job={"model": model, "backend": backend, "scenario": scenario,
                  "tp": int(tp), "pp": int(pp), "dp": int(dp)},
@@ -69,6 +93,7 @@ class JobSpec:
             model_entry=entry,
             gpus_per_node=config["parallel"]["gpus_per_node"],
             engine=config["engine"] if BACKENDS[backend].engine else None,
+            gpu=request,
         )  # fmt: skip
 
     @classmethod

@@ -22,7 +22,7 @@ from pathlib import Path
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 from energysweep.job.spec import launched, output_paths, restage
-from energysweep.launch import cleanup, procs
+from energysweep.launch import cleanup, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.slurm import job_nodes
 from energysweep.measure.provenance import code_version
@@ -148,7 +148,12 @@ def run_job(
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
-        _run_as_unit(argv, env, log, spec["job_id"], limits, what, one_node=placement.nodes == 1)
+        # The job's GPU power limit and clocks, set before its ranks start and put back however
+        # they end (a rank's failure or SIGKILL, the timeout, a stop signal).
+        with gpu_guard.applied(spec, staging, ranks_here, env, log):
+            _run_as_unit(
+                argv, env, log, spec["job_id"], limits, what, one_node=placement.nodes == 1
+            )
         _publish(spec["outputs"], final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -13,7 +13,9 @@ from energysweep.energy import (
     make_source,
     wall_ns,
 )
+from energysweep.energy.node import NodeSource
 from energysweep.hw import nvml as hw_nvml
+from energysweep.measure.settings import SettingsProbe
 
 
 def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
@@ -53,6 +55,10 @@ class JobMonitor:
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
         self.host = make_host_source(self.m.get("host_energy_source", "auto"), ctx.local_rank)
+        # The job's GPU power limit and clocks, read back around every window.
+        self.settings = SettingsProbe(spec.get("gpu"), self.gpu_uuids)
+        # The node's energy where Slurm gathers it (the boundary ladder's node rung).
+        self.node = NodeSource(ctx.rank)
         self.sampler_hz = float(self.m.get("sampler_hz", 0))
         self.sampler = PowerSampler(
             self.gpu_uuids, self.sampler_hz, spec["job_id"], ctx.rank, ctx.host
@@ -148,3 +154,4 @@ class JobMonitor:
     def close(self) -> None:
         self.energy.close()
         self.host.close()
+        self.settings.close()

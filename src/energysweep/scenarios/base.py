@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from energysweep import dist
 from energysweep.energy import CpuTime
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
+from energysweep.measure.settings import SettingNotApplied
 from energysweep.measure.window import measure_window
 from energysweep.tables.phases import Phase
 from energysweep.util import faults
@@ -97,6 +98,8 @@ class Scenario(ABC):
             energy=self.energy,
             host=self.host,
             cpu=self.cpu,
+            settings=self.monitor.settings,
+            node=self.monitor.node,
         )
         self.window_ns_total += w["end"] - w["start"]
         return w
@@ -108,6 +111,7 @@ class Scenario(ABC):
         error = None
         try:
             faults.inject(self.ctx.rank, bs, self.name)  # test-only; off unless env var set
+            self.check_settings(bs)
             self.prepare(bs)
             for rep in range(self.wl["repetitions"]):
                 windows.append(self.repetition(bs, rep, cooldown_s))
@@ -118,6 +122,21 @@ class Scenario(ABC):
         finally:
             self.end_point()
         return self.agree_on_failure(error, bs, windows)
+
+    def check_settings(self, bs: int) -> None:
+        """Fail the point, on every rank alike, where the job's GPU setting is not in effect.
+
+        Collective (only in jobs that set a GPU setting): every rank's problems are gathered,
+        so all ranks fail the point together and none of its windows runs.
+        """
+        if not self.spec.get("gpu"):
+            return
+        problems = [p for rank in dist.gather(self.monitor.settings.problems()) for p in rank]
+        if problems:
+            raise SettingNotApplied(
+                f"GPU setting {self.spec['gpu']} is not in effect, so batch size {bs} was not "
+                f"measured: {'; '.join(sorted(set(problems)))[:1500]}"
+            )
 
     def point_error(self, exc: BaseException, oom: bool) -> tuple[str, str, bool]:
         """What :meth:`agree_on_failure` needs of a point's exception: (status, message, fatal).

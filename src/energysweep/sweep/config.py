@@ -123,6 +123,10 @@ def check(
     from energysweep.validity.require import check_config
 
     problems += check_config(config.get("measurement", {}))
+    # gpu.clock in Slurm's vocabulary; facility estimates with source, year and band.
+    from energysweep.sweep import settings
+
+    problems += settings.check(config)
     names = [m["name"] for m in config["models"]]
     for name in {n for n in names if names.count(n) > 1}:
         problems.append(
@@ -180,21 +184,22 @@ def check(
 def runs_on_cpu(device: str) -> bool:
     """Whether ranks compute on CPUs: ``measurement.device`` cpu, or auto where this host has no
     NVIDIA GPU device node (no torch import: this runs when the workflow loads)."""
-    import glob
-
     if device == "cpu":
         return True
     if device == "cuda":
         return False
-    return not glob.glob("/dev/nvidia[0-9]*")
+    return not _nvidia_devices()
 
 
 def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
     """The grid of jobs (and skipped points) a validated config describes."""
     base_dir = Path(base_dir)
+    from energysweep.sweep import settings
+
     par = config["parallel"]
     measurement = config.get("measurement") or {}
-    return expand_grid(
+    device = measurement.get("device", "auto")
+    grid = expand_grid(
         {m["name"]: model_dims(m, base_dir) for m in config["models"]},
         config["backends"],
         config["scenarios"],
@@ -204,8 +209,17 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         par["max_gpus_per_job"],
         par["gpus_per_node"],
         engine=config.get("engine"),
-        on_cpu=runs_on_cpu(measurement.get("device", "auto")),
+        on_cpu=runs_on_cpu(device),
     )
+    # The GPU setting axes (gpu.power_limit_w, gpu.clock): one job per setting.
+    return settings.expand(grid, config, settings.no_gpu_reason(device, _nvidia_devices()))
+
+
+def _nvidia_devices() -> bool:
+    """Whether this host has NVIDIA GPU device nodes (no torch import at workflow load)."""
+    import glob
+
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def check_node_fit(config: dict, grid: Grid) -> None:

@@ -35,14 +35,32 @@ def engine_unsupported(
     return []
 
 
+UNSET = "unset"  # a setting axis's value for "left as the node has it"
+
+
+def wildcard_value(value: float | str | None) -> str:
+    """A setting axis value as its path part: ``unset``, watts as ``300`` or ``312.5``, a clock."""
+    if value is None:
+        return UNSET
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 @dataclass(frozen=True)
 class GridJob:
-    """One job of the sweep: a model loaded once, swept over batch sizes and repetitions."""
+    """One job of the sweep: a model loaded once, swept over batch sizes and repetitions.
+
+    ``setting`` is the job's GPU setting on the grid axes the config sweeps (gpu.power_limit_w,
+    gpu.clock; energysweep.sweep.settings): axis name -> value (None: left as the node has it).
+    Only swept axes are in it, so a sweep without them has the paths it always had.
+    """
 
     model: str
     backend: str
     scenario: str
     layout: ParallelLayout
+    setting: tuple[tuple[str, float | str | None], ...] = ()
 
     def wildcards(self) -> dict[str, str]:
         return {
@@ -52,6 +70,7 @@ class GridJob:
             "tp": str(self.layout.tp),
             "pp": str(self.layout.pp),
             "dp": str(self.layout.dp),
+            **{axis: wildcard_value(value) for axis, value in self.setting},
         }
 
 

@@ -27,6 +27,8 @@ from energysweep.validity import stages as st
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
 REASONS: dict[str, str] = {
+    "cap_not_applied": "the point's gpu.power_limit_w was refused, or not read back as asked",
+    "clock_not_applied": "the point's gpu.clock was refused, or not read back as asked",
     "no_gpu_energy": "no GPU energy was measured for the point (CPU run, no NVML, or disabled)",
     "partial_gpus": "a GPU of the layout has no energy figure, or fewer GPUs than tp*pp*dp",
     "counter_stuck": "a GPU's energy counter did not move over a window spanning 2+ periods",
@@ -273,6 +275,7 @@ def _verdict(
     n = len(s)
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
+        **_setting_fails(s),
         "no_gpu_energy": ~has_energy & ~gpu_status.str.contains("partial"),
         "partial_gpus": gpu_status.str.contains("partial")
         | (has_energy & (s["n_gpus"] < layout_gpus)),
@@ -308,6 +311,19 @@ def _verdict(
     s["valid"] = [not x for x in codes]
     s["invalid_reasons"] = codes
     s["validity_unchecked"] = unchecked
+
+
+def _setting_fails(s: pd.DataFrame) -> dict:
+    """``cap_not_applied``/``clock_not_applied``: a setting asked for is not what was measured
+    at (refused, read back otherwise, or not verifiable: energysweep.aggregate.gpu_setting)."""
+    bad = {"refused", "not-applied", "unverified"}
+    out = {}
+    for code, column in (
+        ("cap_not_applied", "gpu_power_limit_status"),
+        ("clock_not_applied", "gpu_clock_status"),
+    ):
+        out[code] = s[column].isin(bad) if column in s else np.zeros(len(s), dtype=bool)
+    return out
 
 
 def evaluate(

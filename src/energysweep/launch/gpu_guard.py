@@ -1,0 +1,114 @@
+"""The job's GPU setting on its node, for exactly the job's life: set, recorded, put back.
+
+:func:`applied` wraps a job's run in the launcher (energysweep.launch.job.run_job). Before any
+rank starts it remembers each of the job's GPUs' power limit and applications clocks, sets what
+the job's routes say it sets (energysweep.job.gpu_request), reads every GPU back, and writes the
+outcome to a record the ranks read (:data:`RECORD_ENV` names it). When the block ends - the
+ranks exited 0, a rank failed or was SIGKILLed (torchrun stops the rest, the launcher's wait
+returns), the job timed out, or the launcher got SIGTERM/SIGINT/SIGHUP - it puts the remembered
+values back and reads them back. Only a SIGKILL of the launcher itself skips that: a site that
+lets jobs set limits restores them in its Slurm Epilog (docs/gpu-settings.md).
+
+A refused setter never stops the job here: the record says ``refused`` with NVML's error, and
+the ranks turn every point of the job into a flagged failure without measuring it
+(energysweep.measure.settings). The job's GPUs on this node are the first ``gpus`` of
+``CUDA_VISIBLE_DEVICES`` (all GPUs when unset), resolved to UUIDs through NVML, as the ranks
+resolve theirs. Multi-node jobs: only this (the launcher's) node is set here, so the grid
+refuses an NVML power limit on them (energysweep.sweep.settings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+from energysweep.hw import gpu_settings, nvml
+from energysweep.job.gpu_request import NVML, GpuRequest
+
+# The environment variable naming the job's settings record (read by every rank).
+RECORD_ENV = "ENERGYSWEEP_GPU_SETTINGS"
+RECORD_NAME = "gpu-settings.json"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _job_gpus(count: int) -> list[str]:
+    """UUIDs of the job's first ``count`` GPUs on this node (in an NVML session)."""
+    visible = nvml.resolve_visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if len(visible) < count:
+        raise ValueError(f"the job needs {count} GPUs on this node, NVML shows {len(visible)}")
+    return visible[:count]
+
+
+def _record(request: GpuRequest, routes, settings, error: str | None) -> dict:
+    return {
+        "request": request.to_dict(),
+        "routes": {"power_limit": routes[0], "clock": routes[1]},
+        "host": socket.gethostname(),
+        "gpus": [s.to_dict() for s in settings],
+        "error": error,
+    }
+
+
+@contextlib.contextmanager
+def applied(spec: dict, directory: str | Path, gpus: int, env: dict, log):
+    """Set the job's GPU setting for the ``with`` block; always put it back.
+
+    Args:
+        spec: the job spec (its ``gpu`` entry; none: nothing is touched).
+        directory: where the record goes (the job's staging directory).
+        gpus: the job's GPUs on this node.
+        env: the ranks' environment; :data:`RECORD_ENV` is added to it.
+        log: the job's log (what was set, read back and put back).
+
+    Yields:
+        The record (a dict) or None when the job sets nothing.
+    """
+    request = GpuRequest.from_dict(spec.get("gpu"))
+    if request is None:
+        yield None
+        return
+    routes = request.routes(under_slurm=bool(os.environ.get("SLURM_JOB_ID")))
+    path = Path(directory) / RECORD_NAME
+    settings: list[gpu_settings.GpuSetting] = []  # filled GPU by GPU: restored even if partial
+    error, session = None, False
+    try:
+        nvml.init()
+        session = True
+        gpu_settings.apply(
+            _job_gpus(gpus),
+            request.power_limit_w,
+            request.clock,
+            set_power=routes[0] == NVML,
+            set_clock=routes[1] == NVML,
+            out=settings,
+        )
+    except Exception as exc:  # recorded: the ranks flag every point of the job
+        what = "NVML unavailable" if not session else "could not apply the GPU setting"
+        error = f"{what}: {nvml.error_text(exc)}"
+    record = _record(request, routes, settings, error)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+    env[RECORD_ENV] = str(path)
+    print("gpu settings:", json.dumps(record), file=log, flush=True)
+    try:
+        yield record
+    finally:
+        if session:
+            # A second stop signal must not cut the restore short (Slurm: SIGTERM, then SIGKILL
+            # only after KillWait).
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                problems = gpu_settings.restore(settings)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            print(
+                "gpu settings restored:",
+                json.dumps(problems) if problems else "ok (read back as they were)",
+                file=log,
+                flush=True,
+            )
+            nvml.shutdown()

@@ -1,0 +1,105 @@
+"""A job's GPU setting is put back however the job ends: real launcher, real torchrun (gloo),
+real ranks; NVML is the fake pynvml in the launcher's process (its settings persist, as a
+GPU's do), since this machine has no GPU.
+
+- A rank SIGKILLed mid-job (the test-only fault hook): the job fails, publishes nothing, and
+  every GPU is back at its power limit and clocks from before the job.
+- A job whose ranks cannot verify the setting (CPU ranks: no GPU to read it back from) measures
+  nothing: every point is a failed row saying why, flagged ``unverified``; the GPUs are restored.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from jobspec import job_spec
+
+from energysweep.job.layout import ParallelLayout
+from energysweep.launch import procs
+from energysweep.launch.job import JobFailed, run_job
+
+import fake_pynvml
+
+pytestmark = [pytest.mark.integration]
+REQUEST = {"power_limit_w": 300.0, "clock": "low", "power_limit_method": "nvml"}
+BEFORE = (450_000, 2619, 1500)  # a site's own setting, different from the defaults
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from energysweep.sweep.tinymodel import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def _gpus(fake_nvml):
+    gpus = fake_pynvml.h100s(4)
+    for g in gpus:
+        g.privileged = True
+        g.power_limit_mw, g.app_mem_mhz, g.app_sm_mhz = BEFORE
+    fake_nvml(gpus)
+    return gpus
+
+
+def _state(gpus):
+    return [(g.power_limit_mw, g.app_mem_mhz, g.app_sm_mhz) for g in gpus]
+
+
+def _applied(log_text: str) -> dict:
+    line = next(x for x in log_text.splitlines() if x.startswith("gpu settings: "))
+    return json.loads(line[len("gpu settings: ") :])
+
+
+@pytest.mark.timeout(300)
+def test_sigkilled_rank_the_gpus_get_their_settings_back(fake_nvml, model, tmp_path, monkeypatch):
+    gpus = _gpus(fake_nvml)
+    monkeypatch.setenv("ENERGYSWEEP_TEST_FAULT", '{"rank": 1, "batch_size": 1, "action": "kill"}')
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    out = tmp_path / "job"
+    spec = {**job_spec(ParallelLayout(dp=2), "inference", model, out), "gpu": REQUEST}
+    log_path = tmp_path / "job.log"
+    with open(log_path, "w") as log, pytest.raises(JobFailed, match="exited"):
+        run_job(spec, out / ".spec.json", log, cpus=2, gpus_per_node=8)
+    text = log_path.read_text()
+    record = _applied(text)
+    # The job's two GPUs were set (the first two NVML lists), the others never touched.
+    assert [g["uuid"] for g in record["gpus"]] == [g.uuid for g in gpus[:2]]
+    assert {(g["power_limit_status"], g["clock_status"]) for g in record["gpus"]} == {
+        ("applied", "applied")
+    }
+    assert "injected fault" in text or "SIGKILL" in text or "Signals.SIGKILL" in text, text[-2000:]
+    assert _state(gpus) == [BEFORE] * 4  # all back, as they were before the job
+    assert "gpu settings restored: ok" in text
+    assert sorted(p.name for p in out.iterdir()) == [".spec.json"]  # nothing published
+    assert procs.marked(json.loads((out / ".spec.json").read_text())["job_id"]) == []
+
+
+@pytest.mark.timeout(300)
+def test_unverifiable_setting_is_flagged_and_nothing_is_measured(
+    fake_nvml, model, tmp_path, monkeypatch
+):
+    gpus = _gpus(fake_nvml)
+    monkeypatch.delenv("ENERGYSWEEP_TEST_FAULT", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    out = tmp_path / "job"
+    spec = {
+        **job_spec(ParallelLayout(), "inference", model, out, batch_sizes=(1, 2), reps=2),
+        "gpu": REQUEST,
+    }
+    log_path = tmp_path / "job.log"
+    with open(log_path, "w") as log:
+        run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=8)
+    assert _state(gpus) == [BEFORE] * 4
+    rows = pq.read_table(out / "shards.parquet").to_pandas()
+    assert len(rows) == 2 * 2 * 2  # batch sizes x repetitions x (generate, prefill)
+    assert set(rows["status"]) == {"error"}
+    assert rows["window_start_ns"].isna().all() and rows["gpu_energy_mj"].isna().all()
+    assert set(rows["gpu_power_limit_status"]) == {"unverified"}
+    assert set(rows["gpu_clock_status"]) == {"unverified"}
+    assert set(rows["gpu_power_limit_request"]) == {"300"} and set(rows["gpu_clock_request"]) == {
+        "low"
+    }
+    assert rows["error"].str.contains("is not in effect, so batch size").all()
+    assert rows["error"].str.contains("this rank has no GPU to set or verify").all()

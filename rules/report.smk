@@ -38,7 +38,9 @@ rule figures:
             "training", "3 Training", "Energy per training token and throughput"
         ),
         gpu_settings=report_figure(
-            "gpu_settings", "1 Inference", "Energy per token by GPU power limit and clock"
+            "gpu_settings",
+            "1 Inference",
+            "Energy per token by GPU power limit and clock",
         ),
         energy_ladder=report_figure(
             "energy_ladder",

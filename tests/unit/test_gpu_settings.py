@@ -340,3 +340,20 @@ def test_a_job_asks_slurm_for_its_clock_and_the_prolog_for_its_limit():
     assert sweep_settings.constraint(wc, cfg) == "powercap_300w"
     cfg["gpu"]["power_limit_method"] = "nvml"
     assert sweep_settings.constraint(wc, cfg) is None
+
+
+def test_under_slurm_the_guard_leaves_clocks_to_gpu_freq_and_says_so(
+    fake_nvml, tmp_path, monkeypatch
+):
+    gpus = _gpus(fake_nvml, n=1, privileged=True)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_GPU_FREQ", "medium")
+    spec = {"gpu": {"power_limit_w": 300.0, "clock": "medium", "power_limit_method": "nvml"}}
+    with gpu_guard.applied(spec, tmp_path, 1, {}, io.StringIO()) as record:
+        assert gpus[0].app_sm_mhz == 0 and gpus[0].power_limit_mw == 300_000
+    assert record["routes"] == {"power_limit": "nvml", "clock": "slurm-gpu-freq"}
+    assert record["slurm_gpu_freq"] == "medium"
+    (g,) = record["gpus"]
+    assert (g["power_limit_status"], g["clock_status"]) == ("applied", "not-applied")
+    assert "Slurm was asked --gpu-freq=medium (SLURM_GPU_FREQ=medium)" in g["detail"][-1]
+    assert not g["changed_clocks"] and gpus[0].power_limit_mw == 700_000

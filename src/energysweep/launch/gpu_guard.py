@@ -27,7 +27,7 @@ import socket
 from pathlib import Path
 
 from energysweep.hw import gpu_settings, nvml
-from energysweep.job.gpu_request import NVML, GpuRequest
+from energysweep.job.gpu_request import NVML, SLURM_GPU_FREQ, GpuRequest
 
 # The environment variable naming the job's settings record (read by every rank).
 RECORD_ENV = "ENERGYSWEEP_GPU_SETTINGS"
@@ -48,9 +48,23 @@ def _record(request: GpuRequest, routes, settings, error: str | None) -> dict:
         "request": request.to_dict(),
         "routes": {"power_limit": routes[0], "clock": routes[1]},
         "host": socket.gethostname(),
+        # What sbatch --gpu-freq left in the job's environment (Slurm sets it when asked).
+        "slurm_gpu_freq": os.environ.get("SLURM_GPU_FREQ"),
         "gpus": [s.to_dict() for s in settings],
         "error": error,
     }
+
+
+def _explain_slurm_clock(settings, clock: str) -> None:
+    """Say, on a clock Slurm was to set but did not, what Slurm was asked and what it needs."""
+    asked = os.environ.get("SLURM_GPU_FREQ")
+    for s in settings:
+        if s.clock_status == gpu_settings.NOT_APPLIED:
+            s.detail.append(
+                f"Slurm was asked --gpu-freq={clock} (SLURM_GPU_FREQ={asked or 'not set'}); "
+                "slurmd sets GPU clocks only with its gpu/nvml plugin (GresTypes=gpu, Slurm "
+                "built with NVML)"
+            )
 
 
 @contextlib.contextmanager
@@ -86,6 +100,8 @@ def applied(spec: dict, directory: str | Path, gpus: int, env: dict, log):
             set_clock=routes[1] == NVML,
             out=settings,
         )
+        if routes[1] == SLURM_GPU_FREQ:
+            _explain_slurm_clock(settings, request.clock)
     except Exception as exc:  # recorded: the ranks flag every point of the job
         what = "NVML unavailable" if not session else "could not apply the GPU setting"
         error = f"{what}: {nvml.error_text(exc)}"

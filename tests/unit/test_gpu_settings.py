@@ -330,6 +330,27 @@ def test_settings_are_grid_axes_and_skipped_on_cpu_with_the_reason():
     assert "power_limit_w" not in grid("cuda").jobs[0].wildcards()
 
 
+def test_an_nvml_power_limit_on_a_multi_node_layout_is_skipped_with_the_reason():
+    def grid(method):
+        cfg = es_config.validate_schema(
+            _config(
+                backends=["pytorch"],
+                scenarios=["inference"],
+                parallel={"tp": [1], "pp": [1], "dp": [2], "gpus_per_node": 1},
+                gpu={"power_limit_w": [300], "clock": ["low"], "power_limit_method": method},
+                measurement={"device": "cuda"},
+            )
+        )
+        return es_config.build_grid(cfg)
+
+    nvml = grid("nvml")
+    assert (
+        not nvml.jobs
+        and "sets the power limit on the launcher's node only" in (nvml.skipped[0]["reason"])
+    )
+    assert len(grid("slurm-prolog").jobs) == 1
+
+
 def test_a_job_asks_slurm_for_its_clock_and_the_prolog_for_its_limit():
     wc = {"power_limit_w": "300", "gpu_clock": "low,memory=high"}
     assert sweep_settings.request(wc) == {"power_limit_w": 300.0, "clock": "low,memory=high"}

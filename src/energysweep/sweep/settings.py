@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 
 from energysweep.hw.gpu_freq import ClockSyntaxError, parse_clock
+from energysweep.job.placement import Placement
 from energysweep.sweep.grid import UNSET, Grid, wildcard_value
 
 # Wildcard name of each axis -> its config key under `gpu:`.
@@ -109,11 +110,28 @@ def expand(grid: Grid, config: dict, no_gpu: str | None) -> Grid:
     for job, combo in itertools.product(grid.jobs, itertools.product(*values)):
         setting = tuple(zip(axes, combo, strict=True))
         job = dataclasses.replace(job, setting=setting)
-        if no_gpu and any(v is not None for v in combo):
-            out.skipped.append({**job.wildcards(), "reason": no_gpu})
+        reason = no_gpu if any(v is not None for v in combo) else None
+        reason = reason or _launcher_node_only(job, dict(setting), config)
+        if reason:
+            out.skipped.append({**job.wildcards(), "reason": reason})
         else:
             out.jobs.append(job)
     return out
+
+
+def _launcher_node_only(job, setting: dict, config: dict) -> str | None:
+    """An NVML power limit is set by the launcher on its own node: a multi-node job's other
+    nodes would run unset (energysweep.launch.gpu_guard)."""
+    gpu, par = config["gpu"], config["parallel"]
+    if setting.get("power_limit_w") is None or gpu["power_limit_method"] != "nvml":
+        return None
+    nodes = Placement(job.layout, job.backend, par["gpus_per_node"]).nodes
+    if nodes == 1:
+        return None
+    return (
+        f"gpu.power_limit_method nvml sets the power limit on the launcher's node only; this "
+        f"layout spans {nodes} nodes: use slurm-prolog (the site's Prolog sets every node)"
+    )
 
 
 def _with_axes(entry: dict, axes: list[str], combo) -> dict:

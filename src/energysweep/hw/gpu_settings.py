@@ -27,10 +27,15 @@ NOT_APPLIED = "not-applied"  # nobody refused, yet the read-back differs from th
 UNVERIFIED = "unverified"  # no GPU (or no NVML) to read it back from
 
 
+def error_text(exc: BaseException) -> str:
+    """An NVML error as ``NVMLError_NoPermission (Insufficient Permissions)``."""
+    return f"{type(exc).__name__} ({exc})"
+
+
 def resolve_clock(spec: ClockSpec, handle) -> tuple[int, int]:
     """(memory MHz, SM MHz) ``spec`` resolves to on the GPU ``handle`` (in an NVML session)."""
-    mem = nearest(spec.mem, nvml.supported_memory_clocks(handle))
-    return mem, nearest(spec.sm, nvml.supported_graphics_clocks(handle, mem))
+    mem = nearest(spec.mem, nvml.supported_clocks_mhz(handle))
+    return mem, nearest(spec.sm, nvml.supported_clocks_mhz(handle, mem))
 
 
 @dataclass
@@ -71,18 +76,18 @@ def _remember(handle, setting: GpuSetting) -> None:
     ident = nvml.identity(handle)
     setting.index, setting.name = ident["index"], ident["name"]
     setting.previous_power_limit_mw = nvml.power_limit_mw(handle)
-    setting.default_power_limit_w = nvml.default_power_limit_mw(handle) / 1e3
+    setting.default_power_limit_w = nvml.power_limit_bounds_mw(handle)[0] / 1e3
     setting.previous_app_clocks_mhz = [
         nvml.app_clock_mhz(handle, "mem"),
         nvml.app_clock_mhz(handle, "sm"),
     ]
-    setting.default_mem_clock_mhz = nvml.default_app_clock_mhz(handle, "mem")
-    setting.default_sm_clock_mhz = nvml.default_app_clock_mhz(handle, "sm")
+    setting.default_mem_clock_mhz = nvml.app_clock_mhz(handle, "mem", default=True)
+    setting.default_sm_clock_mhz = nvml.app_clock_mhz(handle, "sm", default=True)
 
 
 def _apply_power(handle, s: GpuSetting, watts: float) -> None:
     s.power_limit_target_w = float(watts)
-    low, high = nvml.power_limit_range_mw(handle)
+    _, low, high = nvml.power_limit_bounds_mw(handle)
     target = round(watts * 1000)
     if not low <= target <= high:
         s.power_limit_status = REFUSED
@@ -95,7 +100,7 @@ def _apply_power(handle, s: GpuSetting, watts: float) -> None:
     except nvml.NVMLError as exc:
         s.power_limit_status = REFUSED
         s.detail.append(
-            f"nvmlDeviceSetPowerManagementLimit({target} mW) refused: {nvml.error_text(exc)}"
+            f"nvmlDeviceSetPowerManagementLimit({target} mW) refused: {error_text(exc)}"
         )
         return
     s.changed_power_limit = True
@@ -114,7 +119,7 @@ def _apply_clock(handle, s: GpuSetting, spec: ClockSpec, set_it: bool) -> None:
         s.clock_status = REFUSED
         s.detail.append(
             f"nvmlDeviceSetApplicationsClocks(memory {mem}, graphics {sm} MHz) for "
-            f"gpu.clock {spec.text!r} refused: {nvml.error_text(exc)}"
+            f"gpu.clock {spec.text!r} refused: {error_text(exc)}"
         )
         return
     s.changed_clocks = True
@@ -166,7 +171,7 @@ def apply(
 def read_back(handle) -> dict:
     """What the GPU enforces now: power limit (W), applications and current clocks (MHz)."""
     return {
-        "power_limit_w": nvml.enforced_power_limit_mw(handle) / 1e3,
+        "power_limit_w": nvml.power_limit_mw(handle, enforced=True) / 1e3,
         "app_sm_clock_mhz": nvml.app_clock_mhz(handle, "sm"),
         "app_mem_clock_mhz": nvml.app_clock_mhz(handle, "mem"),
         "sm_clock_mhz": nvml.current_clock_mhz(handle, "sm"),
@@ -223,14 +228,15 @@ def restore(settings: list[GpuSetting]) -> list[str]:
                 s.changed_power_limit = nvml.power_limit_mw(handle) != s.previous_power_limit_mw
             if s.changed_clocks:
                 mem, sm = s.previous_app_clocks_mhz
+                # Back at the defaults: a reset, as Slurm does; else the site's own values.
                 if [mem, sm] == [s.default_mem_clock_mhz, s.default_sm_clock_mhz]:
-                    nvml.reset_app_clocks(handle)
+                    nvml.set_app_clocks(handle, None)
                 else:
                     nvml.set_app_clocks(handle, mem, sm)
                 now = [nvml.app_clock_mhz(handle, "mem"), nvml.app_clock_mhz(handle, "sm")]
                 s.changed_clocks = now != [mem, sm]
         except nvml.NVMLError as exc:
-            problems.append(f"{s.uuid}: restore failed: {nvml.error_text(exc)}")
+            problems.append(f"{s.uuid}: restore failed: {error_text(exc)}")
             continue
         if s.changed_power_limit or s.changed_clocks:
             problems.append(f"{s.uuid}: restored settings do not read back as they were")

@@ -206,80 +206,53 @@ def max_sm_clock_mhz(handle) -> int:
 
 
 # ---------------------------------------------------------------------------- settings
-# Power limits and applications clocks (gpu.power_limit_w, gpu.clock; energysweep.hw.gpu_settings
-# holds the logic). Setters need root, or a site that grants them: NVML raises
-# NVMLError_NoPermission otherwise, and NVMLError_InvalidArgument for a value out of range.
-# Clocks are the *applications* clocks, which Slurm's --gpu-freq sets
-# (nvmlDeviceSetApplicationsClocks in slurmd's gpu/nvml plugin): one mechanism on both routes.
-def power_limit_mw(handle) -> int:
-    """The power management limit (mW) set on the GPU."""
+# Power limits and applications clocks (the logic: energysweep.hw.gpu_settings). Setters need root
+# or a site that grants them (else NVMLError_NoPermission); a value out of range raises
+# NVMLError_InvalidArgument. Clocks are the *applications* clocks, which Slurm's --gpu-freq sets.
+def power_limit_mw(handle, enforced: bool = False) -> int:
+    """The power limit set on the GPU (mW), or the one it ``enforced`` (the lowest of all caps)."""
+    if enforced:
+        return int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
     return int(pynvml.nvmlDeviceGetPowerManagementLimit(handle))
 
 
-def enforced_power_limit_mw(handle) -> int:
-    """The limit the GPU enforces (mW): the lower of the set limit and any other cap."""
-    return int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
-
-
-def default_power_limit_mw(handle) -> int:
-    """The GPU's default power limit (mW), as after a driver load."""
-    return int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
-
-
-def power_limit_range_mw(handle) -> tuple[int, int]:
-    """(lowest, highest) power limit the GPU accepts, in mW."""
+def power_limit_bounds_mw(handle) -> tuple[int, int, int]:
+    """(default, lowest, highest) power limit of the GPU, in mW."""
     low, high = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
-    return int(low), int(high)
+    return int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)), int(low), int(high)
 
 
 def set_power_limit_mw(handle, limit_mw: int) -> None:
-    """Set the power limit (persists until set again or reset; needs permission)."""
     pynvml.nvmlDeviceSetPowerManagementLimit(handle, int(limit_mw))
 
 
-def _clock_type(kind: str) -> int:
-    return pynvml.NVML_CLOCK_MEM if kind == "mem" else pynvml.NVML_CLOCK_GRAPHICS
-
-
-def app_clock_mhz(handle, kind: str) -> int:
-    """The applications clock (MHz) set on the GPU: ``kind`` "sm" (graphics) or "mem"."""
-    return int(pynvml.nvmlDeviceGetApplicationsClock(handle, _clock_type(kind)))
-
-
-def default_app_clock_mhz(handle, kind: str) -> int:
-    """The GPU's default applications clock (MHz): ``kind`` "sm" (graphics) or "mem"."""
-    return int(pynvml.nvmlDeviceGetDefaultApplicationsClock(handle, _clock_type(kind)))
+def app_clock_mhz(handle, kind: str, default: bool = False) -> int:
+    """The applications clock (MHz), ``kind`` "sm" (graphics) or "mem"; or its ``default``."""
+    const = pynvml.NVML_CLOCK_MEM if kind == "mem" else pynvml.NVML_CLOCK_GRAPHICS
+    if default:
+        return int(pynvml.nvmlDeviceGetDefaultApplicationsClock(handle, const))
+    return int(pynvml.nvmlDeviceGetApplicationsClock(handle, const))
 
 
 def current_clock_mhz(handle, kind: str) -> int:
     """The clock the GPU runs at now (MHz): ``kind`` "sm" or "mem"."""
-    kind_const = pynvml.NVML_CLOCK_MEM if kind == "mem" else pynvml.NVML_CLOCK_SM
-    return int(pynvml.nvmlDeviceGetClockInfo(handle, kind_const))
+    const = pynvml.NVML_CLOCK_MEM if kind == "mem" else pynvml.NVML_CLOCK_SM
+    return int(pynvml.nvmlDeviceGetClockInfo(handle, const))
 
 
-def supported_memory_clocks(handle) -> list[int]:
-    """Memory clocks (MHz) the GPU supports."""
-    return [int(c) for c in pynvml.nvmlDeviceGetSupportedMemoryClocks(handle)]
-
-
-def supported_graphics_clocks(handle, mem_mhz: int) -> list[int]:
-    """Graphics clocks (MHz) the GPU supports at memory clock ``mem_mhz``."""
+def supported_clocks_mhz(handle, mem_mhz: int | None = None) -> list[int]:
+    """Supported memory clocks, or with ``mem_mhz`` the graphics clocks at that memory clock."""
+    if mem_mhz is None:
+        return [int(c) for c in pynvml.nvmlDeviceGetSupportedMemoryClocks(handle)]
     return [int(c) for c in pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, int(mem_mhz))]
 
 
-def set_app_clocks(handle, mem_mhz: int, sm_mhz: int) -> None:
-    """Set the applications clocks (persist until set again or reset; needs permission)."""
-    pynvml.nvmlDeviceSetApplicationsClocks(handle, int(mem_mhz), int(sm_mhz))
-
-
-def reset_app_clocks(handle) -> None:
-    """Back to the default applications clocks."""
-    pynvml.nvmlDeviceResetApplicationsClocks(handle)
-
-
-def error_text(exc: BaseException) -> str:
-    """An NVML error as ``NVMLError_NoPermission (Insufficient Permissions)``."""
-    return f"{type(exc).__name__} ({exc})"
+def set_app_clocks(handle, mem_mhz: int | None, sm_mhz: int | None = None) -> None:
+    """Set the applications clocks; None: back to the defaults (both persist until changed)."""
+    if mem_mhz is None:
+        pynvml.nvmlDeviceResetApplicationsClocks(handle)
+    else:
+        pynvml.nvmlDeviceSetApplicationsClocks(handle, int(mem_mhz), int(sm_mhz))
 
 
 # ---------------------------------------------------------------------------- snapshot

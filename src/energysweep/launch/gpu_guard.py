@@ -104,7 +104,7 @@ def applied(spec: dict, directory: str | Path, gpus: int, env: dict, log):
             _explain_slurm_clock(settings, request.clock)
     except Exception as exc:  # recorded: the ranks flag every point of the job
         what = "NVML unavailable" if not session else "could not apply the GPU setting"
-        error = f"{what}: {nvml.error_text(exc)}"
+        error = f"{what}: {gpu_settings.error_text(exc)}"
     record = _record(request, routes, settings, error)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2))

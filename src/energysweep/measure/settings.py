@@ -93,8 +93,8 @@ class SettingsProbe:
                 self._handles = {}
         for uuid, handle in self._handles.items():
             self.defaults[uuid] = (
-                _or_none(nvml.default_power_limit_mw, handle, 1e-3),
-                _or_none(nvml.default_app_clock_mhz, handle, 1, "sm"),
+                _or_none(lambda h: nvml.power_limit_bounds_mw(h)[0], handle, 1e-3),
+                _or_none(lambda h: nvml.app_clock_mhz(h, "sm", default=True), handle, 1),
             )
 
     def read(self) -> dict[str, dict | None]:

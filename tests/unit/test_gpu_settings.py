@@ -368,13 +368,29 @@ def test_under_slurm_the_guard_leaves_clocks_to_gpu_freq_and_says_so(
 ):
     gpus = _gpus(fake_nvml, n=1, privileged=True)
     monkeypatch.setenv("SLURM_JOB_ID", "42")
-    monkeypatch.setenv("SLURM_GPU_FREQ", "medium")
+    monkeypatch.delenv("SLURM_GPU_FREQ", raising=False)  # the jobstep plugin drops it
+    monkeypatch.setattr(gpu_guard, "job_tres_freq", lambda job: f"gpu:medium (job {job})")
     spec = {"gpu": {"power_limit_w": 300.0, "clock": "medium", "power_limit_method": "nvml"}}
     with gpu_guard.applied(spec, tmp_path, 1, {}, io.StringIO()) as record:
         assert gpus[0].app_sm_mhz == 0 and gpus[0].power_limit_mw == 300_000
     assert record["routes"] == {"power_limit": "nvml", "clock": "slurm-gpu-freq"}
-    assert record["slurm_gpu_freq"] == "medium"
+    assert record["slurm_tres_freq"] == "gpu:medium (job 42)" and record["slurm_gpu_freq"] is None
     (g,) = record["gpus"]
     assert (g["power_limit_status"], g["clock_status"]) == ("applied", "not-applied")
-    assert "Slurm was asked --gpu-freq=medium (SLURM_GPU_FREQ=medium)" in g["detail"][-1]
+    assert "asked --gpu-freq=medium, but this step's SLURM_GPU_FREQ is not set" in g["detail"][-1]
     assert not g["changed_clocks"] and gpus[0].power_limit_mw == 700_000
+
+
+def test_the_jobs_gpu_frequency_request_as_scontrol_shows_it():
+    import subprocess
+
+    from energysweep.launch.slurm import job_tres_freq
+
+    def run(text, rc=0):
+        return lambda argv: subprocess.CompletedProcess(argv, rc, text, "")
+
+    shown = "   Power=\n   TresFreq=gpu:medium,memory=high\n   TresPerJob=gres:gpu:1\n"
+    assert job_tres_freq("71", run(shown)) == "gpu:medium,memory=high"
+    assert job_tres_freq("71", run("   Power=\n")) is None
+    assert job_tres_freq("71", run(shown, rc=1)) is None
+    assert job_tres_freq(None, run(shown)) is None

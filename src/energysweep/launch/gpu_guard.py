@@ -28,6 +28,7 @@ from pathlib import Path
 
 from energysweep.hw import gpu_settings, nvml
 from energysweep.job.gpu_request import NVML, SLURM_GPU_FREQ, GpuRequest
+from energysweep.launch.slurm import job_tres_freq
 
 # The environment variable naming the job's settings record (read by every rank).
 RECORD_ENV = "ENERGYSWEEP_GPU_SETTINGS"
@@ -48,7 +49,9 @@ def _record(request: GpuRequest, routes, settings, error: str | None) -> dict:
         "request": request.to_dict(),
         "routes": {"power_limit": routes[0], "clock": routes[1]},
         "host": socket.gethostname(),
-        # What sbatch --gpu-freq left in the job's environment (Slurm sets it when asked).
+        # What sbatch --gpu-freq asked, as Slurm records it for the job, and what reached the
+        # step's environment (the Slurm jobstep plugin drops SLURM_GPU_FREQ before its srun).
+        "slurm_tres_freq": job_tres_freq(os.environ.get("SLURM_JOB_ID")) if routes[1] else None,
         "slurm_gpu_freq": os.environ.get("SLURM_GPU_FREQ"),
         "gpus": [s.to_dict() for s in settings],
         "error": error,
@@ -57,13 +60,14 @@ def _record(request: GpuRequest, routes, settings, error: str | None) -> dict:
 
 def _explain_slurm_clock(settings, clock: str) -> None:
     """Say, on a clock Slurm was to set but did not, what Slurm was asked and what it needs."""
-    asked = os.environ.get("SLURM_GPU_FREQ")
+    step = os.environ.get("SLURM_GPU_FREQ")
     for s in settings:
         if s.clock_status == gpu_settings.NOT_APPLIED:
             s.detail.append(
-                f"Slurm was asked --gpu-freq={clock} (SLURM_GPU_FREQ={asked or 'not set'}); "
-                "slurmd sets GPU clocks only with its gpu/nvml plugin (GresTypes=gpu, Slurm "
-                "built with NVML)"
+                f"Slurm was asked --gpu-freq={clock}, but this step's SLURM_GPU_FREQ is "
+                f"{step or 'not set'} (the jobstep plugin's inner srun drops it, and Slurm then "
+                "applies GpuFreqDef to the step); slurmd sets GPU clocks only with its gpu/nvml "
+                "plugin"
             )
 
 

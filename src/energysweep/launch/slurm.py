@@ -106,3 +106,16 @@ def job_nodes(env: Mapping[str, str] | None = None, run: Runner = _run) -> list[
                 f"cannot find the nodes of Slurm job {job_id}: " + "; ".join(tried)
             )
     return expand_hostnames(nodelist, run)
+
+
+def job_tres_freq(job_id: str | None, run: Runner = _run) -> str | None:
+    """The frequencies a Slurm job asked for (``TresFreq=`` of ``scontrol show job``, e.g.
+    ``gpu:medium``; sbatch --gpu-freq), or None (none asked, not a Slurm job, no answer)."""
+    if not job_id:
+        return None
+    try:
+        proc = run(["scontrol", "show", "job", job_id])
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"(?:^|\s)TresFreq=(\S+)", proc.stdout or "")
+    return match.group(1) if proc.returncode == 0 and match else None

@@ -148,12 +148,9 @@ def run_job(
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
-        # The job's GPU power limit and clocks, set before its ranks start and put back however
-        # they end (a rank's failure or SIGKILL, the timeout, a stop signal).
+        # GPU power limit and clocks: set before the ranks start, put back however they end.
         with gpu_guard.applied(spec, staging, ranks_here, env, log):
-            _run_as_unit(
-                argv, env, log, spec["job_id"], limits, what, one_node=placement.nodes == 1
-            )
+            _run_as_unit(argv, env, log, spec["job_id"], limits, what, placement.nodes == 1)
         _publish(spec["outputs"], final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -36,9 +36,10 @@ RECORD_NAME = "gpu-settings.json"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _job_gpus(count: int) -> list[str]:
-    """UUIDs of the job's first ``count`` GPUs on this node (in an NVML session)."""
-    visible = nvml.resolve_visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+def _job_gpus(count: int, env: dict) -> list[str]:
+    """UUIDs of the job's first ``count`` GPUs on this node (in an NVML session), as the ranks
+    see them (``env`` is their environment)."""
+    visible = nvml.resolve_visible_gpus(env.get("CUDA_VISIBLE_DEVICES"))
     if len(visible) < count:
         raise ValueError(f"the job needs {count} GPUs on this node, NVML shows {len(visible)}")
     return visible[:count]
@@ -97,7 +98,7 @@ def applied(spec: dict, directory: str | Path, gpus: int, env: dict, log):
         nvml.init()
         session = True
         gpu_settings.apply(
-            _job_gpus(gpus),
+            _job_gpus(gpus, env),
             request.power_limit_w,
             request.clock,
             set_power=routes[0] == NVML,

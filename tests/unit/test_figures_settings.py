@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 import pandas as pd
-from test_ladder_and_setting import _annotated, _rows
+from test_ladder_and_setting import _annotated, _rows, _summary
 
+from energysweep import aggregate
 from energysweep.figures import baseline, energy_ladder, headline_html, prepare, settings_figure
 from energysweep.figures.draw import notes
 
@@ -105,3 +106,17 @@ def test_settings_figure_and_the_baseline_the_other_figures_draw():
     )
     one = s[s["gpu_setting"].eq("node default")]
     assert any("no GPU setting swept" in n for n in notes(settings_figure(one)))
+
+
+def test_settings_read_back_from_csv_are_the_same_points(tmp_path):
+    """summary.csv reads a power limit key back as a number; the windows have it as text."""
+    rows = pd.concat(
+        [_rows(gpu_power_limit_request="300"), _rows(gpu_power_limit_request="500", job_id="b")],
+        ignore_index=True,
+    )
+    _summary(rows).to_csv(tmp_path / "summary.csv", index=False)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["gpu_power_limit_request"].dtype == "int64"  # as a CSV gives it back
+    s = prepare(summary, aggregate.windows(rows))
+    assert sorted(s["gpu_setting"]) == ["300 W", "500 W"]
+    assert s["cpu_s_per_output_token"].notna().all()  # the windows matched their points

@@ -22,9 +22,11 @@ SETTING_KEYS = ["gpu_power_limit_request", "gpu_clock_request"]
 
 
 def with_setting_keys(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with the setting keys, ``unset`` where a table predates them."""
-    missing = [k for k in SETTING_KEYS if k not in frame]
-    return frame.assign(**{k: "unset" for k in missing}) if missing else frame
+    """``frame`` with the setting keys as text (a CSV reads ``300`` back as a number), ``unset``
+    where a table predates them."""
+    return frame.assign(
+        **{k: frame[k].astype(str) if k in frame else "unset" for k in SETTING_KEYS}
+    )
 
 
 def setting_label(frame: pd.DataFrame) -> pd.Series:

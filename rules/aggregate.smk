@@ -33,6 +33,7 @@ rule grid_tables:
     params:
         jobs=JOBS.to_dict("records"),
         skipped=GRID.skipped,
+        setting_axes=SETTING_AXES,
     script:
         "../scripts/grid_tables.py"
 

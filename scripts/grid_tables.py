@@ -9,7 +9,8 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-COLS = ["model", "backend", "scenario", "tp", "pp", "dp"]
+# The layout, then the GPU setting axes the config sweeps (energysweep.sweep.settings).
+COLS = ["model", "backend", "scenario", "tp", "pp", "dp", *sm.params.setting_axes]
 with step_log(sm.log[0], sm.rule):
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),

@@ -11,9 +11,12 @@ GPU's do), since this machine has no GPU.
 from __future__ import annotations
 
 import json
+import subprocess
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from jobspec import job_spec
 
 from energysweep.job.layout import ParallelLayout
@@ -21,6 +24,7 @@ from energysweep.launch import procs
 from energysweep.launch.job import JobFailed, run_job
 
 import fake_pynvml
+from conftest import test_env, workflow_copy
 
 pytestmark = [pytest.mark.integration]
 REQUEST = {"power_limit_w": 300.0, "clock": "low", "power_limit_method": "nvml"}
@@ -103,3 +107,34 @@ def test_unverifiable_setting_is_flagged_and_nothing_is_measured(
     }
     assert rows["error"].str.contains("is not in effect, so batch size").all()
     assert rows["error"].str.contains("this rank has no GPU to set or verify").all()
+
+
+@pytest.mark.timeout(300)
+def test_cpu_sweep_lists_its_gpu_settings_as_skipped_with_the_reason(tmp_path):
+    """On CPU ranks a setting cannot be applied: known before submission, so those points are in
+    results/grid/skipped.tsv (with their setting columns) and no job is made for them."""
+    wf = workflow_copy(tmp_path)
+    over = {
+        "backends": ["pytorch"],
+        "scenarios": ["inference"],
+        "parallel": {"tp": [1], "pp": [1], "dp": [1]},
+        "measurement": {"device": "cpu"},
+        "gpu": {"power_limit_w": [None, 300], "clock": ["low,memory=high"]},
+    }
+    (wf / "config" / "test.yaml").write_text(yaml.safe_dump(over))
+    proc = subprocess.run(
+        ["snakemake", "--profile", "profiles/local", "--configfile=config/test.yaml"]
+        + ["results/grid/jobs.tsv", "results/grid/skipped.tsv"],
+        cwd=wf,
+        env=test_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = pd.read_csv(wf / "results" / "grid" / "jobs.tsv", sep="\t", dtype=str)
+    skipped = pd.read_csv(wf / "results" / "grid" / "skipped.tsv", sep="\t", dtype=str)
+    assert jobs.empty and list(jobs.columns)[-2:] == ["power_limit_w", "gpu_clock"]
+    assert sorted(skipped["power_limit_w"]) == ["300", "unset"]
+    assert set(skipped["gpu_clock"]) == {"low,memory=high"}
+    assert skipped["reason"].str.contains("runs the ranks on CPUs: there is no GPU").all()

@@ -384,13 +384,18 @@ def test_under_slurm_the_guard_leaves_clocks_to_gpu_freq_and_says_so(
 def test_the_jobs_gpu_frequency_request_as_scontrol_shows_it():
     import subprocess
 
-    from energysweep.launch.slurm import job_tres_freq
+    from energysweep.launch.slurm import job_tres_freq, restore_job_identity
 
     def run(text, rc=0):
         return lambda argv: subprocess.CompletedProcess(argv, rc, text, "")
 
     shown = "   Power=\n   TresFreq=gpu:medium,memory=high\n   TresPerJob=gres:gpu:1\n"
     assert job_tres_freq("71", run(shown)) == "gpu:medium,memory=high"
+    account = "   Priority=1 Nice=0 Account=energysweep QOS=normal\n"
+    env = {"SLURM_JOB_ID": "71", "PATH": "/bin"}
+    assert restore_job_identity(env, run(account))["SLURM_JOB_ACCOUNT"] == "energysweep"
+    assert "SLURM_JOB_ACCOUNT" not in restore_job_identity(env, run(account, rc=1))
+    assert restore_job_identity({"PATH": "/bin"}, run(account)) == {"PATH": "/bin"}
     assert job_tres_freq("71", run("   Power=\n")) is None
     assert job_tres_freq("71", run(shown, rc=1)) is None
     assert job_tres_freq(None, run(shown)) is None

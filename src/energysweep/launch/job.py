@@ -24,7 +24,7 @@ from energysweep.job.placement import Placement
 from energysweep.job.spec import launched, output_paths, restage
 from energysweep.launch import cleanup, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
-from energysweep.launch.slurm import job_nodes
+from energysweep.launch.slurm import job_nodes, restore_job_identity
 from energysweep.measure.provenance import code_version
 
 DEFAULT_LIMITS = {
@@ -145,6 +145,7 @@ def run_job(
         slurm_job_id=slurm_id,
         engine=spec.get("engine"),
     )
+    env = restore_job_identity(env)  # the account, for every row (sacct joins)
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:

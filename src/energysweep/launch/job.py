@@ -138,14 +138,7 @@ def run_job(
     base.mkdir(parents=True, exist_ok=True)
     Path(spec_path).write_text(json.dumps(spec, indent=2))
     ranks_here = layout.world_size // placement.nodes
-    env = build_env(
-        layout,
-        threads=cpus // max(1, ranks_here),
-        backend=spec["job"]["backend"],
-        slurm_job_id=slurm_id,
-        engine=spec.get("engine"),
-    )
-    env = restore_job_identity(env)  # the account, for every row (sacct joins)
+    env = _job_env(spec, layout, cpus // max(1, ranks_here), slurm_id)
     what = f"job {spec['job']} ({spec_path})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
@@ -155,6 +148,19 @@ def run_job(
         _publish(spec["outputs"], final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _job_env(spec: dict, layout: ParallelLayout, threads: int, slurm_id: str | None) -> dict:
+    """The ranks' environment (energysweep.launch.argv.build_env), with the Slurm account back
+    where the job step lost it, so every row names it (sacct joins on it)."""
+    env = build_env(
+        layout,
+        threads=threads,
+        backend=spec["job"]["backend"],
+        slurm_job_id=slurm_id,
+        engine=spec.get("engine"),
+    )
+    return restore_job_identity(env)
 
 
 def _run_as_unit(

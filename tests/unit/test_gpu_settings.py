@@ -171,6 +171,10 @@ def test_guard_restores_when_the_job_fails_and_records_for_the_ranks(fake_nvml, 
     assert json.loads(Path(env[gpu_guard.RECORD_ENV]).read_text()) == record
     assert [g["power_limit_status"] for g in record["gpus"]] == ["applied", "applied"]
     assert "gpu settings restored: ok" in log.getvalue()
+    after = json.loads(log.getvalue().split("gpu settings after the job: ")[1].splitlines()[0])
+    assert [(a["power_limit_mw"], a["app_clocks_mhz"]) for a in after] == [
+        (700_000, [2619, 1980])
+    ] * 2
 
 
 def test_guard_without_a_request_touches_nothing(fake_nvml, tmp_path):

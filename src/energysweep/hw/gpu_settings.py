@@ -211,6 +211,21 @@ def verify(s: GpuSetting, reading: dict) -> None:
         s.detail.append(clock)
 
 
+def current(settings: list[GpuSetting]) -> list[dict]:
+    """Each GPU's power limit (mW) and applications clocks ([mem, sm] MHz) as read now (in an
+    NVML session), in the units of ``GpuSetting.previous_*``."""
+    out = []
+    for s in settings:
+        try:
+            h = nvml.handle_by_uuid(s.uuid)
+            clocks = [nvml.app_clock_mhz(h, "mem"), nvml.app_clock_mhz(h, "sm")]
+            out.append({"uuid": s.uuid, "power_limit_mw": nvml.power_limit_mw(h),
+                        "app_clocks_mhz": clocks})  # fmt: skip
+        except nvml.NVMLError as exc:
+            out.append({"uuid": s.uuid, "error": error_text(exc)})
+    return out
+
+
 def restore(settings: list[GpuSetting]) -> list[str]:
     """Put back what :func:`apply` changed (in an NVML session); returns the problems.
 

@@ -132,4 +132,7 @@ def applied(spec: dict, directory: str | Path, gpus: int, env: dict, log):
                 file=log,
                 flush=True,
             )
+            # What the GPUs hold now, read afresh: a reader compares it with "previous_*".
+            after = json.dumps(gpu_settings.current(settings))
+            print("gpu settings after the job:", after, file=log, flush=True)
             nvml.shutdown()

@@ -9,9 +9,10 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-# The layout, then the GPU setting axes the config sweeps (energysweep.sweep.settings).
-COLS = ["model", "backend", "scenario", "tp", "pp", "dp", *sm.params.setting_axes]
+COLS = ["model", "backend", "scenario", "tp", "pp", "dp"]
 with step_log(sm.log[0], sm.rule):
+    # The layout, then the GPU setting axes the config sweeps (energysweep.sweep.settings).
+    COLS = [*COLS, *sm.params.setting_axes]
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),
         (sm.output.skipped, sm.params.skipped, [*COLS, "reason"]),

@@ -67,6 +67,7 @@ def generate(root: Path, n_shards: int) -> tuple[list[Path], list[Path], float]:
     shards, the job.json files, and the seconds spent writing the job tables."""
     import pyarrow.parquet as pq
 
+    from energysweep.job.spec import JobDir
     from energysweep.tables import io as tables_io
     from energysweep.tables import shards
 
@@ -127,7 +128,7 @@ def generate(root: Path, n_shards: int) -> tuple[list[Path], list[Path], float]:
         kept = min(len(names), n_shards - len(shard_paths))  # the windows kept below
         job_dir.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
-        tables_io.write_atomic(table.slice(0, kept * world), job_dir / shards.JOB_TABLE)
+        tables_io.write_atomic(table.slice(0, kept * world), JobDir(str(job_dir)).job_table)
         job_table_s += time.perf_counter() - t
         for i, (bs, rep) in enumerate(names):
             if len(shard_paths) >= n_shards:

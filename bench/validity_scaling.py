@@ -31,9 +31,13 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
 from energysweep import aggregate  # noqa: E402
+from energysweep.job.sections import schema_defaults  # noqa: E402
 from energysweep.tables import shards  # noqa: E402
 from energysweep.validity import recheck, stages  # noqa: E402
 from energysweep.validity import verdict as validity  # noqa: E402
+
+# The verdict's thresholds of a sweep that sets none: the schema's defaults.
+THRESHOLDS = validity.Thresholds.from_config(schema_defaults("validity"))
 
 from tests_rows import row  # noqa: E402
 
@@ -118,7 +122,7 @@ def main() -> None:
     stages.stage_table(rows)
     t["stages"] = time.process_time() - t0
     t0 = time.process_time()
-    out = validity.annotate(summary, rows, table)
+    out = validity.annotate(summary, rows, table, THRESHOLDS)
     t["annotate"] = time.process_time() - t0
     hook = t["recheck"] + t["stages"] + t["annotate"]
     print(

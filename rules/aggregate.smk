@@ -16,7 +16,7 @@ rule record_config:
         "../envs/base.yaml"
     params:
         config=config,
-        config_hash=CONFIG_HASH,
+        sweep_hash=SWEEP_HASH,
         code_version=CODE_VERSION,
     script:
         "../scripts/record_config.py"
@@ -33,7 +33,7 @@ rule grid_tables:
     params:
         jobs=JOBS.to_dict("records"),
         skipped=GRID.skipped,
-        setting_axes=SETTING_AXES,
+        key_columns=PATH_KEYS,
     script:
         "../scripts/grid_tables.py"
 

@@ -14,9 +14,7 @@ from energysweep.sweep import interpreters
 from energysweep.sweep import settings as es_settings
 from energysweep.measure.provenance import code_version
 from energysweep.job.backends import BACKENDS
-from energysweep.job.layout import ParallelLayout
-from energysweep.job.spec import JobDir, JobSpec
-from energysweep.job.placement import Placement
+from energysweep.job.spec import JobDir, JobKey, JobSpec
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -40,20 +38,18 @@ es_config.check(
 GRID = es_config.build_grid(config, Path.cwd())
 # A layout asking one node for more CPUs/memory than it has would wait for ever: refuse it now.
 es_config.check_node_fit(config, GRID)
-# The whole config's hash (results/config.yaml); each job's own is jobspec.settings_hash.
-CONFIG_HASH = es_config.sweep_hash(config)
+# The whole config's hash (results/config.yaml `sweep_hash`); each job's own is its
+# `config_hash` (energysweep.job.spec.config_hash).
+SWEEP_HASH = es_config.sweep_hash(config)
 CODE_VERSION = code_version(workflow.basedir)
 MODELS = {m["name"]: m for m in config["models"]}
 BATCH_SIZES = sorted(config["workload"]["batch_sizes"])
 REPS = list(range(config["workload"]["repetitions"]))
 
-# Swept GPU setting axes (gpu.power_limit_w, gpu.clock) are path parts after the layout; a
-# sweep without them has no such parts (energysweep.sweep.settings).
-SETTING_AXES = es_settings.swept_axes(config)
-JOBS = pd.DataFrame(
-    [j.wildcards() for j in GRID.jobs],
-    columns=["model", "backend", "scenario", "tp", "pp", "dp", *SETTING_AXES],
-)
+# The job-key columns of this sweep's paths: JOB_KEYS, the GPU setting axes (gpu.power_limit_w,
+# gpu.clock) only where the config sweeps them (energysweep.sweep.settings.path_keys).
+PATH_KEYS = es_settings.path_keys(config)
+JOBS = pd.DataFrame([j.wildcards() for j in GRID.jobs], columns=PATH_KEYS)
 PARAMS = Paramspace(JOBS)
 JOB_DIR = f"results/shards/{PARAMS.wildcard_pattern}"
 # Every output path of one job (energysweep.job.spec.JobDir), as wildcard patterns.
@@ -75,10 +71,20 @@ def world_size(wildcards):
     return int(wildcards.tp) * int(wildcards.pp) * int(wildcards.dp)
 
 
+_JOB_SPECS = {}
+
+
+def get_job(wildcards):
+    """The typed job of these wildcards (energysweep.job.spec.JobSpec), built once per job."""
+    key = JobKey.from_strings({k: getattr(wildcards, k) for k in PATH_KEYS})
+    if key not in _JOB_SPECS:
+        _JOB_SPECS[key] = JobSpec.from_config(config, key)
+    return _JOB_SPECS[key]
+
+
 def get_placement(wildcards):
-    """The job's placement on nodes (energysweep.job.placement.Placement)."""
-    layout = ParallelLayout(int(wildcards.tp), int(wildcards.pp), int(wildcards.dp))
-    return Placement(layout, wildcards.backend, config["parallel"]["gpus_per_node"])
+    """The job's placement on nodes (computed once, on the typed job: JobSpec.placement)."""
+    return get_job(wildcards).placement
 
 
 def get_node_request(wildcards):
@@ -167,32 +173,23 @@ def get_model_dir(wildcards, input):
 
 
 def get_job_spec(wildcards):
-    """Everything a job's ranks need, as data (written to JSON, never through a shell).
+    """Everything that determines a job's numbers, as data (JSON, never through a shell).
 
-    Built once here (energysweep.job.spec.JobSpec); Snakemake params get its JSON form, which
-    scripts/measure.py turns back into a JobSpec.
+    Snakemake params get the typed job's JSON form (get_job), which scripts/measure.py loads
+    back into a JobSpec.
     """
-    return JobSpec.from_config(
-        config,
-        wildcards.model,
-        wildcards.backend,
-        wildcards.scenario,
-        wildcards.tp,
-        wildcards.pp,
-        wildcards.dp,
-        gpu=es_settings.request(wildcards),
-    ).to_dict()
+    return get_job(wildcards).to_json()
 
 
 def get_slurm_extra(wildcards):
     """`--gpu-freq=<gpu.clock>` on the job's sbatch: Slurm sets the clocks (and resets them)."""
-    return es_settings.slurm_extra(wildcards)
+    return es_settings.slurm_extra(get_job(wildcards).key)
 
 
 def get_constraint(wildcards):
     """The node feature asking the site's prolog for the power limit (gpu.power_limit_method
     slurm-prolog), else None (no --constraint)."""
-    return es_settings.constraint(wildcards, config)
+    return es_settings.constraint(get_job(wildcards).key, config)
 
 
 def get_all_job_records():
@@ -261,7 +258,7 @@ def get_mem_mb(wildcards, attempt):
     parallel.mem_mb_per_node (more could never be granted: the job would wait for ever).
     """
     mem = get_node_request(wildcards).mem_mb_per_node * attempt
-    cap = config["parallel"].get("mem_mb_per_node")
+    cap = config["parallel"]["mem_mb_per_node"]
     return min(mem, cap) if cap else mem
 
 
@@ -274,6 +271,7 @@ import inspect
 
 for _func in (
     world_size,
+    get_job,
     get_placement,
     get_node_request,
     get_threads,

@@ -9,10 +9,9 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))  # noqa: F821
 from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
-COLS = ["model", "backend", "scenario", "tp", "pp", "dp"]
 with step_log(sm.log[0], sm.rule):
-    # The layout, then the GPU setting axes the config sweeps (energysweep.sweep.settings).
-    COLS = [*COLS, *sm.params.setting_axes]
+    # The job-key columns of the sweep's paths (energysweep.sweep.settings.path_keys).
+    COLS = list(sm.params.key_columns)
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),
         (sm.output.skipped, sm.params.skipped, [*COLS, "reason"]),

@@ -9,27 +9,26 @@ from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule) as log:
+    from energysweep.job.sections import Limits, load_section
     from energysweep.job.spec import JobDir, JobSpec
     from energysweep.launch.job import run_job
 
-    spec = JobSpec.from_dict(dict(sm.params.spec))
-    job_dir = JobDir(str(Path(sm.output.job).parent))
-    outputs = job_dir.outputs(spec.batch_sizes, spec.workload["repetitions"])
+    spec = JobSpec.from_json(dict(sm.params.spec))
+    job_dir = JobDir.of(sm.output.job)
     # The rule's outputs are JobDir's paths (rules/measure.smk); a mismatch is a bug here.
-    assert [p for ps in outputs["shards"].values() for p in ps] == list(sm.output.shards)
-    assert [outputs[k] for k in ("job_table", "job_json", "generations", "power", "requests")] == [
-        sm.output.job_table, sm.output.job, sm.output.generations, sm.output.power,
-        sm.output.requests,
+    outputs = job_dir.outputs(spec.batch_sizes, spec.workload.repetitions)
+    assert outputs.paths() == [
+        *sm.output.shards, sm.output.job_table, sm.output.job, sm.output.generations,
+        sm.output.power, sm.output.requests,
     ]  # fmt: skip
-    spec = spec.with_run(sm.params.model_dir, outputs)
     run_job(
-        spec.to_dict(),
-        job_dir.spec_file,
+        spec,
+        job_dir,
+        sm.params.model_dir,
+        # Not in params: a changed limit must not make Snakemake rerun finished jobs.
+        load_section(Limits, sm.config["limits"], "limits"),
         log,
         cpus=sm.threads,
-        gpus_per_node=spec.gpus_per_node,
-        # Not in params: a changed limit must not make Snakemake rerun finished jobs.
-        limits=sm.config.get("limits"),
         # "" (pytorch; any backend under conda): this Python, the rule's environment.
         python=sm.params.python or sys.executable,
     )

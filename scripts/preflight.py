@@ -14,6 +14,7 @@ with step_log(sm.log[0], sm.rule):
     from energysweep.validity import preflight
 
     report = preflight.run(
+        preflight.PROBE_SECONDS,
         require=sm.params.require,
         max_idle_std_w=sm.params.max_idle_std_w,
         throttle_reasons=sm.params.throttle_reasons,

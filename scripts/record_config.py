@@ -1,4 +1,4 @@
-"""Snakemake step: record the validated config (defaults filled), its hash and the code version."""
+"""Snakemake step: record the validated config (defaults filled), sweep_hash and code version."""
 
 import sys
 from pathlib import Path
@@ -12,7 +12,7 @@ with step_log(sm.log[0], sm.rule):
     import yaml
 
     record = {
-        "config_hash": sm.params.config_hash,
+        "sweep_hash": sm.params.sweep_hash,
         "code_version": sm.params.code_version,
         "config": dict(sm.params.config),
     }

@@ -19,6 +19,7 @@ def main() -> int:
     import fake_engines
     import vllm
     import vllm.envs as envs
+    from jobspec import job_spec  # tests/integration: the job as the workflow builds it
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig, ParallelConfig
     from vllm.distributed import parallel_state
@@ -28,7 +29,6 @@ def main() -> int:
     from vllm.v1.metrics.stats import RequestStateStats
 
     from energysweep.backends import vllm_backend
-    from energysweep.backends.engine_common import job_options
     from energysweep.job.layout import ParallelLayout
 
     assert vllm.__version__ == vllm_backend.TESTED_VERSION == fake_engines.VLLM_VERSION, (
@@ -38,19 +38,19 @@ def main() -> int:
     )
 
     # Engine arguments: every name we pass is an EngineArgs field, and EngineArgs takes them.
-    spec = {
-        "job": {"backend": "vllm"},
-        "dtype": "bfloat16",
-        "seed": 7,
-        "batch_sizes": [1, 32],
-        "workload": {"max_input_tokens": 512, "output_tokens": 256},
-    }
-    opts = job_options(spec)
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     llm_params = inspect.signature(LLM.__init__).parameters
     for layout in (ParallelLayout(tp=4), ParallelLayout(tp=2, pp=2), ParallelLayout(tp=2, dp=2)):
+        job = job_spec(
+            layout=layout,
+            backend="vllm",
+            dtype="bfloat16",
+            seed=7,
+            batch_sizes=(1, 32),
+            workload={"max_input_tokens": 512, "output_tokens": 256},
+        )
         for on_gpu in (True, False):
-            kw = vllm_backend.engine_kwargs(layout, "/models/llama", opts, on_gpu=on_gpu)
+            kw = vllm_backend.engine_kwargs(job, "/models/llama", on_gpu=on_gpu)
             assert set(kw) <= fields, set(kw) - fields
             assert all(k in llm_params or "kwargs" in llm_params for k in kw)
             EngineArgs(**kw)

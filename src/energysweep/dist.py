@@ -3,9 +3,11 @@
 The audit makes the "degree 2, one effective worker" bug impossible: every rank reports who it is,
 and rank 0 refuses to measure unless the processes it sees are exactly the layout's world.
 
-What that world is depends on the backend's launch mode (energysweep.job.placement.Placement): under
+What that world is depends on the job's launch mode: its placement
+(:class:`energysweep.job.placement.Placement`, computed once on the typed job as
+``job.placement``, and passed to every function here). Under
 torchrun one process per rank (tp*pp*dp); under direct/mpi one process per DP replica, whose GPU
-workers the engine spawns itself. ``backend`` defaults to ``pytorch`` (torchrun).
+workers the engine spawns itself. No function guesses a placement when none is passed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from energysweep.job.backends import BACKENDS
 from energysweep.job.layout import ParallelLayout, RankCoords
@@ -28,8 +30,6 @@ class JobAborted(RuntimeError):
     """The ranks cannot go on together (a rank failed alone, is stuck or dead): fail the job."""
 
 
-# The default of ``limits.collective_timeout_s`` (config/config.schema.yaml).
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 # A separate gloo group for the per-point failure agreement (see :func:`agree`): its collectives
 # never queue behind, or mismatch with, a collective another rank is stuck in on the main group.
 _AGREEMENT_GROUP = None
@@ -47,9 +47,14 @@ _COMM_FAILURE_MARKS = (
 
 @dataclass
 class RankContext:
-    """Everything a backend needs to know about the rank it runs on."""
+    """Everything a backend needs to know about the rank it runs on.
 
-    layout: ParallelLayout
+    ``dtype``, ``seed`` and ``max_input_tokens`` are the job's (``job.dtype``, ``job.seed``,
+    ``job.workload.max_input_tokens``); ``tp_mode`` is how the PyTorch backend shards TP
+    (:func:`energysweep.torchpp.tp.apply_tensor_parallel`).
+    """
+
+    placement: Placement
     rank: int
     local_rank: int
     world_size: int
@@ -58,11 +63,15 @@ class RankContext:
     host: str
     pid: int
     model_dir: str
-    dtype: str = "float32"
-    seed: int = 0
-    max_input_tokens: int = 64
+    dtype: str
+    seed: int
+    max_input_tokens: int
+    tp_mode: str = "local"
     mesh: object = None  # torch DeviceMesh with dims ("dp", "pp", "tp") when distributed
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def layout(self) -> ParallelLayout:
+        return self.placement.layout
 
     def audit(self) -> dict:
         return {
@@ -105,14 +114,8 @@ def choose_device(requested: str, local_rank: int) -> str:
     return "cpu"
 
 
-def init(
-    layout: ParallelLayout,
-    device: str,
-    timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
-    backend: str = "pytorch",
-    gpus_per_node: int | None = None,
-) -> tuple[int, int, int]:
-    """Check the launcher started the layout's world, then start the process group.
+def init(placement: Placement, device: str, timeout_s: float) -> tuple[int, int, int]:
+    """Check the launcher started the placement's world, then start the process group.
 
     Every collective of the job (main group, the device mesh's TP/PP/DP groups, the agreement
     group) then fails after ``timeout_s`` (``limits.collective_timeout_s``) instead of waiting
@@ -123,7 +126,7 @@ def init(
             expects (e.g. one process where two were asked).
     """
     rank, local_rank, world = env_world()
-    placement = Placement(layout, backend, gpus_per_node)
+    layout, backend = placement.layout, placement.backend
     mode = placement.launch_mode
     expected, _ = placement.processes
     if world != expected:
@@ -140,9 +143,9 @@ def init(
         # Under direct/mpi the GPUs belong to the engine's workers: our processes only
         # coordinate window edges and gather rows, on the CPU.
         on_gpu = device.startswith("cuda") and mode == "torchrun"
-        backend = "nccl" if on_gpu else "gloo"
+        pg_backend = "nccl" if on_gpu else "gloo"
         kwargs = {}
-        if backend == "nccl":
+        if pg_backend == "nccl":
             import torch
 
             # Object collectives (all_gather_object) use the current device; device_id binds
@@ -150,7 +153,7 @@ def init(
             torch.cuda.set_device(torch.device(device))
             kwargs["device_id"] = torch.device(device)
         timeout = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, timeout=timeout, **kwargs)
+        dist.init_process_group(pg_backend, timeout=timeout, **kwargs)
         # Groups created later without a timeout (init_device_mesh's TP/PP/DP groups) take
         # c10d's module default (30 min), not the default group's: make it ours.
         from torch.distributed import distributed_c10d
@@ -189,16 +192,20 @@ def is_communication_failure(exc: BaseException) -> bool:
 
 
 def make_context(
-    layout: ParallelLayout,
+    placement: Placement,
     device: str,
-    backend: str = "pytorch",
-    gpus_per_node: int | None = None,
-    **kw,
+    *,
+    model_dir: str,
+    dtype: str,
+    seed: int,
+    max_input_tokens: int,
+    tp_mode: str = "local",
 ) -> RankContext:
+    """This rank's context (and, under torchrun with world > 1, its ("dp", "pp", "tp") mesh)."""
     rank, local_rank, world = env_world()
-    placement = Placement(layout, backend, gpus_per_node)
+    layout = placement.layout
     ctx = RankContext(
-        layout=layout,
+        placement=placement,
         rank=rank,
         local_rank=local_rank,
         world_size=world,
@@ -206,7 +213,11 @@ def make_context(
         device=device,
         host=socket.gethostname(),
         pid=os.getpid(),
-        **kw,
+        model_dir=model_dir,
+        dtype=dtype,
+        seed=seed,
+        max_input_tokens=max_input_tokens,
+        tp_mode=tp_mode,
     )
     if world > 1 and placement.launch_mode == "torchrun":
         from torch.distributed.device_mesh import init_device_mesh
@@ -237,12 +248,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-def check_world(
-    audits: list[dict],
-    layout: ParallelLayout,
-    backend: str = "pytorch",
-    gpus_per_node: int | None = None,
-) -> None:
+def check_world(audits: list[dict], placement: Placement) -> None:
     """Rank 0's check: distinct processes == expected launchers, ranks 0..N-1 once, coords agree.
 
     Raises:
@@ -250,7 +256,7 @@ def check_world(
     """
     procs = {(a["host"], a["pid"]) for a in audits}
     ranks = sorted(a["rank"] for a in audits)
-    placement = Placement(layout, backend, gpus_per_node)
+    layout, backend = placement.layout, placement.backend
     mode = placement.launch_mode
     expected, gpu_workers = placement.processes
     if len(procs) != expected or ranks != list(range(expected)):

@@ -25,6 +25,7 @@ from energysweep.aggregate import (
 )
 from energysweep.aggregate.publish import publish
 from energysweep.aggregate.windows import WINDOW_COLUMNS
+from energysweep.job.sections import Facility
 from energysweep.validity import verdict
 
 # Every summary column's null policy: the aggregate's, the GPU setting's, the ladder's and the
@@ -63,10 +64,11 @@ def aggregate(
     (:func:`merge`); with ``environment_out`` too, also write the environment table. With
     ``validation_out``/``stages_out``, also re-check every window against the jobs' power
     timelines, write the validation table and the per-stage table, and add the validity verdict
-    to the summary (energysweep.validity; thresholds ``validity_config``). Every point gets its
-    GPU setting (energysweep.aggregate.gpu_setting) and its energy boundary ladder
+    to the summary (energysweep.validity; thresholds ``validity_config``, the validated config's
+    ``validity`` section, required then). Every point gets its GPU setting
+    (energysweep.aggregate.gpu_setting) and its energy boundary ladder
     (energysweep.aggregate.ladder; PUE and carbon intensity from ``facility_config``, the
-    config's ``facility`` section; None: not estimated).
+    validated config's ``facility`` section; None: not estimated).
 
     All or nothing: everything is read, checked and computed before the first write; each
     output is written to a temp name beside it, and only when all are written are they renamed
@@ -88,7 +90,10 @@ def aggregate(
             summary, table.select(gpu_setting.ROW_COLUMNS).to_pandas()
         )
         rungs = ladder.ladder(
-            summary, win, table.select(ladder.NODE_COLUMNS).to_pandas(), facility_config
+            summary,
+            win,
+            table.select(ladder.NODE_COLUMNS).to_pandas(),
+            None if facility_config is None else Facility.from_config(facility_config),
         )
         summary = pd.concat([summary, setting, rungs], axis=1)
     validation = stages = None
@@ -97,7 +102,7 @@ def aggregate(
             summary,
             table.select(verdict.ROW_COLUMNS).to_pandas(),
             jobs or [],
-            validity_config,
+            verdict.Thresholds.from_config(validity_config),
         )
     # (output path, writer of a temp file beside it), in publishing order.
     files: list[tuple[Path, object]] = [

@@ -1,32 +1,32 @@
 """The per-rank entry point a measure job executes (``torchrun ... -m energysweep.run --spec F``).
 
-Flow on every rank: check the world against the layout, start the process group, audit the
-processes, load the backend once. Then the :class:`energysweep.measure.monitor.JobMonitor`
+Flow on every rank: load the launched job (:class:`energysweep.job.spec.LaunchedJob`, typed; read
+by attribute, never indexed), check the world against its placement, start the process group,
+audit the processes, load the backend once. Then the :class:`energysweep.measure.monitor.JobMonitor`
 snapshots the environment, starts the power sampler and measures the idle baseline, and the job's
 scenario (:mod:`energysweep.scenarios`), for each batch size, warms up and measures
-``repetitions`` windows (window rule: :mod:`energysweep.measure.window`); rank 0 writes one shard
-per repetition, and at the end all of them again as the job table (one file, what the merge
-reads), then generations.parquet, power.parquet and job.json. A failure at one batch size (OOM,
-error) is recorded as that point's status and the job goes on; a crash of the job fails it.
+``repetitions`` windows (window rule: :mod:`energysweep.measure.window`); rank 0 combines the
+ranks' rows of each window (:func:`energysweep.aggregate.windows.combine_ranks`) and writes one
+shard per repetition, and at the end all of them again as the job table (one file, what the
+merge reads), then generations.parquet, power.parquet and job.json. A failure at one batch size
+(OOM, error) is recorded as that point's status and the job goes on; a crash of the job fails it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from energysweep import dist
+from energysweep.aggregate.windows import combine_ranks
 from energysweep.hw import nvml as hw_nvml
-from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
 from energysweep.measure.monitor import JobMonitor
-from energysweep.measure.window import finalize_window
-from energysweep.scenarios.base import Scenario, collective_timeout_s
+from energysweep.scenarios.base import Scenario
 from energysweep.tables import io as tables_io
 from energysweep.tables import shards
 
@@ -44,42 +44,36 @@ def _seed(seed: int) -> dict:
     return {"seed": seed, "python_random": seed, "numpy": seed, "torch": seed, "cuda": seed}
 
 
-def _start_ranks(spec: dict) -> tuple[dist.RankContext, list[dict], dict]:
+def _start_ranks(job: LaunchedJob) -> tuple[dist.RankContext, list[dict], dict]:
     """Process group, rank context, audit of the world, seeds: (ctx, audits, seeds)."""
-    job = spec["job"]
-    layout = ParallelLayout(job["tp"], job["pp"], job["dp"])
-    # The launch mode (torchrun / direct / mpi) decides what world the audit expects.
-    where = {"backend": job["backend"], "gpus_per_node": spec.get("gpus_per_node")}
+    # The placement (launch mode torchrun / direct / mpi) decides what world the audit expects.
+    placement = job.placement
     _, local_rank, _ = dist.env_world()
-    device = dist.choose_device(spec["measurement"]["device"], local_rank)
+    device = dist.choose_device(job.measurement.device, local_rank)
     if device == "cpu":
         import torch
 
         # Ranks share the node's cores; without this every rank spawns one thread per core.
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    dist.init(layout, device, timeout_s=collective_timeout_s(spec), **where)
+    dist.init(placement, device, timeout_s=job.limits.collective_timeout_s)
     ctx = dist.make_context(
-        layout,
+        placement,
         device,
-        model_dir=spec["model_dir"],
-        dtype=spec["dtype"],
-        seed=spec["seed"],
-        max_input_tokens=spec["workload"]["max_input_tokens"],
-        extra={"spec": spec},
-        **where,
+        model_dir=job.model_dir,
+        dtype=job.dtype,
+        seed=job.seed,
+        max_input_tokens=job.workload.max_input_tokens,
     )
     audits = dist.gather(ctx.audit())
-    dist.check_world(audits, layout, **where)
-    return ctx, audits, _seed(spec["seed"])
+    dist.check_world(audits, placement)
+    return ctx, audits, _seed(job.seed)
 
 
-def _write_no_requests(spec: dict) -> None:
+def _write_no_requests(job: LaunchedJob) -> None:
     """An empty requests.parquet: this backend/scenario reports no per-request timings."""
     from energysweep.backends import request_log
 
-    path = request_log.path_for(spec)
-    if path is not None:
-        request_log.write([], path)
+    request_log.write([], job.outputs.requests)
 
 
 def _gather_to_rank0(obj) -> list | None:
@@ -93,68 +87,60 @@ def _gather_to_rank0(obj) -> list | None:
     return out
 
 
-def power_path(outputs: dict) -> Path:
-    """Where the job's power timeline goes: outputs["power"], else power.parquet by job.json."""
-    from energysweep.tables.power import FILENAME
-
-    return Path(outputs.get("power") or Path(outputs["job_json"]).with_name(FILENAME))
-
-
-def _scenario(spec: dict, ctx: dist.RankContext, prompts: list[str]):
+def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     """(backend or None, its load time or None, monitor, scenario) of the job, monitor started."""
     from energysweep.backends import load_backend
 
-    if spec["job"]["scenario"] == "training":
+    if job.key.scenario == "training":
         from energysweep.scenarios.training import TrainingScenario
 
         # Training loads a trainable copy of the model per grid point (inside its windows'
         # set-up): no job-level load.
-        monitor = JobMonitor(spec, ctx)
-        scenario = TrainingScenario(spec, ctx, prompts, monitor)
+        monitor = JobMonitor(job, ctx)
+        scenario = TrainingScenario(job, ctx, prompts, monitor)
         monitor.start()
         return None, None, monitor, scenario
     from energysweep.scenarios.inference import InferenceScenario
 
     t_load = time.time()
-    backend = load_backend(spec["job"]["backend"], ctx)
+    backend = load_backend(job, ctx)
     load_s = time.time() - t_load
-    monitor = JobMonitor(spec, ctx, backend=backend)
-    scenario = InferenceScenario(spec, ctx, backend, prompts, monitor)
+    monitor = JobMonitor(job, ctx, backend=backend)
+    scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
     monitor.start(backend.synchronize)
     return backend, load_s, monitor, scenario
 
 
-def _measure(spec: dict, ctx: dist.RankContext, scenario: Scenario) -> int | None:
+def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int | None:
     """Every point of the job; rank 0 writes the shards and the job table (its row count)."""
-    outputs = spec["outputs"]
     job_tables = []  # rank 0: every shard of the job, for the job table
-    for bs in spec["batch_sizes"]:
+    for bs in job.batch_sizes:
         for rep, rows in enumerate(scenario.point(bs)):
             gathered = dist.gather(rows)
             if ctx.rank == 0:
-                table = shards.to_table(finalize_window(gathered))
-                tables_io.write_atomic(table, outputs["shards"][str(bs)][rep])
+                table = shards.to_table(combine_ranks(gathered))
+                tables_io.write_atomic(table, job.outputs.shard(bs, rep))
                 job_tables.append(table)
-    if ctx.rank == 0 and outputs.get("job_table"):
-        # The same rows in one file: what the merge reads (one file per job, not per window).
-        job_table = shards.concat(job_tables)
-        tables_io.write_atomic(job_table, outputs["job_table"])
-        return job_table.num_rows
-    return None
+    if ctx.rank != 0:
+        return None
+    # The same rows in one file: what the merge reads (one file per job, not per window).
+    job_table = shards.concat(job_tables)
+    tables_io.write_atomic(job_table, job.outputs.job_table)
+    return job_table.num_rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="job spec JSON written by energysweep.launch")
+    parser.add_argument("--spec", required=True, help="the launched job (JobDir.spec_file)")
     args = parser.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
+    job = LaunchedJob.load(args.spec)
     t_start = time.time()
-    ctx, audits, seeds = _start_ranks(spec)
+    ctx, audits, seeds = _start_ranks(job)
     # Fail closed (measurement.require_energy) before the model is loaded.
     from energysweep.validity.require import check_job
 
     check_job(
-        spec["measurement"],
+        job.measurement,
         ctx.device,
         hw_nvml.gpu_uuids(ctx.device),
         ctx.local_rank,
@@ -169,31 +155,28 @@ def main(argv: list[str] | None = None) -> int:
     from energysweep.tables.generations import write_generations
     from energysweep.tables.job_record import write_job_record
 
-    prompts = load_prompts(
-        None if spec["workload"]["prompts"] == "builtin" else spec["workload"]["prompts"]
-    )
-    backend, load_s, monitor, scenario = _scenario(spec, ctx, prompts)
-    job_table_rows = _measure(spec, ctx, scenario)
-    outputs = spec["outputs"]
+    prompts = load_prompts(None if job.workload.prompts == "builtin" else job.workload.prompts)
+    backend, load_s, monitor, scenario = _scenario(job, ctx, prompts)
+    job_table_rows = _measure(job, ctx, scenario)
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(scenario.generations)
     window_ns = dist.gather(scenario.window_ns_total)
     # Engine start-up per rank (vLLM: import, engine init, compile), taken before any window.
     startups = dist.gather(getattr(backend, "startup", None))
     if ctx.rank == 0:
-        write_generations(generations, outputs["generations"])
-        write_power([s for rank in samples for s in rank], power_path(outputs), monitor.sampler_hz)
+        write_generations(generations, job.outputs.generations)
+        write_power([s for rank in samples for s in rank], job.outputs.power, monitor.sampler_hz)
         wall_s = time.time() - t_start
         environment = job_environment(
             monitor.env_start,
             monitor.env_end,
-            spec["job_id"],
-            spec["config_hash"],
-            spec["code_version"],
+            job.job_id,
+            job.config_hash,
+            job.code_version,
             seeds,
         )
         write_job_record(
-            spec,
+            job,
             audits,
             environment,
             {
@@ -213,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if backend is not None:
         backend.close()  # collective: engine backends gather and write requests.parquet here
     if not getattr(backend, "writes_requests", False) and ctx.rank == 0:
-        _write_no_requests(spec)
+        _write_no_requests(job)
     dist.barrier()
     dist.destroy()
     return 0

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 import torch
+from jobspec import job_spec, limits, rank_context
 
 from energysweep import dist
 from energysweep.backends.pytorch import PyTorchBackend
@@ -82,15 +83,18 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     prompts = json.loads(Path(args.prompts).read_text())
-    layouts = [parse_layout(t) for t in args.layouts.split(",")]
-    dist.init(layouts[0][0], "cpu")
-    for layout, mode in layouts:
-        extra = {"tp_mode": mode} if mode else {}
-        ctx = dist.make_context(
-            layout, "cpu", model_dir=args.model_dir, max_input_tokens=64, extra=extra
-        )
+    # Each layout as the workflow builds its job (validated config, JobSpec.from_config).
+    layouts = [
+        (job_spec(layout=layout), mode)
+        for layout, mode in map(parse_layout, args.layouts.split(","))
+    ]
+    first = layouts[0][0]
+    dist.init(first.placement, "cpu", timeout_s=limits().collective_timeout_s)
+    for job, mode in layouts:
+        layout = job.layout
+        ctx = rank_context(job, "cpu", args.model_dir, tp_mode=mode or "local")
         audits = dist.gather(ctx.audit())
-        dist.check_world(audits, layout)
+        dist.check_world(audits, job.placement)
         backend = PyTorchBackend(ctx)
         results = []
         for idx in replica_batches(len(prompts), args.batch_size, layout, ctx.coords.dp_rank):

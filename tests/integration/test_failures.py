@@ -31,14 +31,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from jobspec import job_spec
+from jobspec import job_spec, limits
 
 from energysweep import aggregate as agg
 from energysweep import results
-from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import JobDir, LaunchedJob
 from energysweep.launch import procs
 from energysweep.launch.job import JobFailed, run_job
-from energysweep.tables import shards
 
 from conftest import test_env, workflow_copy
 
@@ -132,7 +131,7 @@ def workflow_processes(wf: Path) -> dict[int, str]:
 
 
 def job_marks(wf: Path, job_dirs: list[str]) -> list[str]:
-    return [json.loads((wf / d / ".spec.json").read_text())["job_id"] for d in job_dirs]
+    return [LaunchedJob.load(JobDir(str(wf / d)).spec_file).job_id for d in job_dirs]
 
 
 def assert_nothing_left(wf: Path, job_dirs: list[str], timeout_s: float = 20) -> None:
@@ -224,7 +223,7 @@ def test_bad_job_table_fails_merge_keeps_results_rerun_command_works(wf):
     ]
     before = {p: p.read_bytes() for p in kept}
     (job,) = sorted(res_dir.glob("shards/**/job.json"))
-    table = job.with_name(shards.JOB_TABLE)
+    table = Path(JobDir.of(job).job_table)
     table.write_bytes(table.read_bytes()[:300])  # truncated
     proc = snakemake(wf, cfg, "--forcerun", "merge_shards")
     assert proc.returncode != 0
@@ -392,23 +391,20 @@ def test_enospc_shard_write_fails_job_with_path_publishes_nothing(wf, tmp_path):
     with full_filesystem(tmp_path / "small", "16k") as small:
         out = small / "job"
         spec = job_spec(
-            ParallelLayout(),
-            "inference",
-            model,
-            out,
             workload={"iterations": 1, "warmup_iterations": 0},
             measurement={"prefill_pass": False},
         )
+        job_dir = JobDir(str(out))
         log_path = tmp_path / "job.log"
         with open(log_path, "w") as log, pytest.raises(JobFailed, match="exited 1") as info:
-            run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=8)
+            run_job(spec, job_dir, str(model), limits(), log, cpus=1)
         text = log_path.read_text()
         assert "nothing of it was published" in str(info.value)
         m = re.search(r"OSError: \[Errno 28\] cannot write (\S+): No space left on device", text)
         assert m, text[-3000:]
         assert m.group(1).startswith(str(out / ".staging-")) and m.group(1).endswith(".parquet")
         assert sorted(p.name for p in out.iterdir()) == [".spec.json"]  # nothing published
-        assert procs.marked(json.loads((out / ".spec.json").read_text())["job_id"]) == []
+        assert procs.marked(LaunchedJob.load(job_dir.spec_file).job_id) == []
 
 
 @pytest.mark.timeout(120)

@@ -17,9 +17,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from jobspec import job_spec
+from jobspec import job_spec, limits
 
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import JobDir
 from energysweep.launch import procs
 from energysweep.launch.job import JobFailed, run_job
 
@@ -27,7 +28,13 @@ import fake_pynvml
 from conftest import test_env, workflow_copy
 
 pytestmark = [pytest.mark.integration]
-REQUEST = {"power_limit_w": 300.0, "clock": "low", "power_limit_method": "nvml"}
+# The job's GPU setting: its key's axes and the config's gpu section that sweeps them.
+SETTING = {
+    "power_limit_w": "300",
+    "gpu_clock": "low",
+    "gpu": {"power_limit_w": [300], "clock": ["low"], "power_limit_method": "nvml"},
+    "parallel": {"gpus_per_node": 8},
+}
 BEFORE = (450_000, 2619, 1500)  # a site's own setting, different from the defaults
 
 
@@ -62,10 +69,10 @@ def test_sigkilled_rank_the_gpus_get_their_settings_back(fake_nvml, model, tmp_p
     monkeypatch.setenv("ENERGYSWEEP_TEST_FAULT", '{"rank": 1, "batch_size": 1, "action": "kill"}')
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     out = tmp_path / "job"
-    spec = {**job_spec(ParallelLayout(dp=2), "inference", model, out), "gpu": REQUEST}
+    spec = job_spec(ParallelLayout(dp=2), "inference", **SETTING)
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log, pytest.raises(JobFailed, match="exited"):
-        run_job(spec, out / ".spec.json", log, cpus=2, gpus_per_node=8)
+        run_job(spec, JobDir(str(out)), str(model), limits(), log, cpus=2)
     text = log_path.read_text()
     record = _applied(text)
     # The job's two GPUs were set (the first two NVML lists), the others never touched.
@@ -88,13 +95,10 @@ def test_unverifiable_setting_is_flagged_and_nothing_is_measured(
     monkeypatch.delenv("ENERGYSWEEP_TEST_FAULT", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     out = tmp_path / "job"
-    spec = {
-        **job_spec(ParallelLayout(), "inference", model, out, batch_sizes=(1, 2), reps=2),
-        "gpu": REQUEST,
-    }
+    spec = job_spec(ParallelLayout(), "inference", batch_sizes=(1, 2), reps=2, **SETTING)
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
-        run_job(spec, out / ".spec.json", log, cpus=1, gpus_per_node=8)
+        run_job(spec, JobDir(str(out)), str(model), limits(), log, cpus=1)
     assert _state(gpus) == [BEFORE] * 4
     rows = pq.read_table(out / "shards.parquet").to_pandas()
     assert len(rows) == 2 * 2 * 2  # batch sizes x repetitions x (generate, prefill)
@@ -102,9 +106,7 @@ def test_unverifiable_setting_is_flagged_and_nothing_is_measured(
     assert rows["window_start_ns"].isna().all() and rows["gpu_energy_mj"].isna().all()
     assert set(rows["gpu_power_limit_status"]) == {"unverified"}
     assert set(rows["gpu_clock_status"]) == {"unverified"}
-    assert set(rows["gpu_power_limit_request"]) == {"300"} and set(rows["gpu_clock_request"]) == {
-        "low"
-    }
+    assert set(rows["power_limit_w"]) == {"300"} and set(rows["gpu_clock"]) == {"low"}
     assert rows["error"].str.contains("is not in effect, so batch size").all()
     assert rows["error"].str.contains("this rank has no GPU to set or verify").all()
 

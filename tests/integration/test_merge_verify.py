@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +22,7 @@ from test_merged_dataset import make_sweep
 
 from energysweep import aggregate as agg
 from energysweep import results
+from energysweep.job.spec import JobDir
 from energysweep.tables import shards
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -86,7 +88,7 @@ def test_bad_job_table_refused_naming_file_job_and_rerun(tmp_path, case):
     # A complete earlier merge: what a refused merge must leave as it was.
     results.aggregate(agg.job_table_paths(records), energy, summary)
     before = {p: p.read_bytes() for p in [summary, *energy.rglob("*.parquet")]}
-    bad = records[1].parent / shards.JOB_TABLE
+    bad = Path(JobDir.of(records[1]).job_table)
     damage(bad)
     args = ["--profile", "profiles/local", "--configfile=config/x.yaml"]
     with pytest.raises(agg.MergeInputError) as info:
@@ -121,8 +123,8 @@ def test_every_bad_table_reported_at_once_and_good_merge_passes(tmp_path):
         environment_out=out / "env.parquet",
     )
     assert (out / "s.csv").is_file() and (out / "env.parquet").is_file()
-    truncate(records[0].parent / shards.JOB_TABLE)
-    wrong_hash(records[2].parent / shards.JOB_TABLE)
+    truncate(Path(JobDir.of(records[0]).job_table))
+    wrong_hash(Path(JobDir.of(records[2]).job_table))
     with pytest.raises(agg.MergeInputError, match="2 job table") as info:
         results.aggregate(
             agg.job_table_paths(records),
@@ -139,7 +141,7 @@ def test_unreadable_job_json_and_missing_table(tmp_path):
     records[0].write_text("{not json")
     with pytest.raises(agg.MergeInputError, match=r"job\.json is unreadable"):
         agg.load_job_records(records)
-    (records[2].parent / shards.JOB_TABLE).unlink()
+    (Path(JobDir.of(records[2]).job_table)).unlink()
     with pytest.raises(FileNotFoundError, match=r"shards\.parquet is missing.*--forcerun"):
         agg.job_table_paths(records)
     assert json.loads(records[1].read_text())["job_table_rows"] > 0

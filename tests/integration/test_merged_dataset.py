@@ -15,6 +15,7 @@ import pytest
 
 from energysweep import aggregate as agg
 from energysweep import results
+from energysweep.job.spec import JobDir
 from energysweep.tables import io as tables_io
 from energysweep.tables import shards
 
@@ -68,7 +69,7 @@ def make_sweep(root: Path) -> list[Path]:
             tables.append(shards.to_table(rows))
             tables_io.write_atomic(tables[-1], job_dir / name)
         job_table = shards.concat(tables)
-        tables_io.write_atomic(job_table, job_dir / shards.JOB_TABLE)
+        tables_io.write_atomic(job_table, JobDir(str(job_dir)).job_table)
         # What the merge checks a job table against (aggregate.merge with job records).
         record = {
             "job_id": f"j{j}",
@@ -162,6 +163,6 @@ def test_rewrite_replaces_the_dataset_whole(merged, tmp_path):
 
 def test_missing_job_table_names_its_job(tmp_path):
     records = make_sweep(tmp_path)
-    (records[1].parent / shards.JOB_TABLE).unlink()
+    (Path(JobDir.of(records[1]).job_table)).unlink()
     with pytest.raises(FileNotFoundError, match=r"dp~2/shards\.parquet is missing.*--forcerun"):
         agg.job_table_paths(records)

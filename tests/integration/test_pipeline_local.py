@@ -375,7 +375,7 @@ def test_report_first_screen_answers_the_sweep_question_on_cpu(local_run, tmp_pa
         assert summary[f"{rung}_j_per_token"].isna().all()
         assert summary[f"{rung}_status"].str.startswith("unavailable (").all(), rung
     assert summary["co2e_estimate_status"].str.contains("not estimated|unavailable").all()
-    assert (summary["gpu_power_limit_request"] == "unset").all()
+    assert (summary["power_limit_w"] == "unset").all()
     e = pd.read_parquet(wf / "results" / "energy.parquet")
     assert set(e["node_energy_status"]) <= {"unavailable", "not-read"}
     assert e["node_energy_mj"].isna().all()

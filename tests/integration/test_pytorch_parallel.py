@@ -72,11 +72,11 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(tiny_model):
     """Single-process outputs of any prompt batch: indices -> (token ids, prefill logits)."""
-    from energysweep.backends.pytorch import PyTorchBackend
-    from energysweep.dist import make_context
+    from jobspec import job_spec, rank_context
 
-    ctx = make_context(ParallelLayout(), "cpu", model_dir=str(tiny_model), max_input_tokens=64)
-    backend = PyTorchBackend(ctx)
+    from energysweep.backends.pytorch import PyTorchBackend
+
+    backend = PyTorchBackend(rank_context(job_spec(), "cpu", tiny_model))
     cache: dict[tuple[int, ...], tuple[list, torch.Tensor]] = {}
 
     def run(indices: list[int]):

@@ -217,8 +217,9 @@ def test_undistributed_accelerate_fails_the_job(tiny_model, tmp_path):
 @pytest.mark.parametrize("layout", [ParallelLayout(1, 1, 2), ParallelLayout(1, 2, 1)], ids=str)
 def test_run_main_training_job(layout, tiny_model, tmp_path):
     """The production path: launch.run_job -> torchrun -> energysweep.run -> shards + job.json."""
-    from jobspec import job_spec
+    from jobspec import job_spec, limits
 
+    from energysweep.job.spec import JobDir
     from energysweep.launch.job import run_job
     from energysweep.tables import shards
 
@@ -228,33 +229,29 @@ def test_run_main_training_job(layout, tiny_model, tmp_path):
     spec = job_spec(
         layout,
         "training",
-        tiny_model,
-        out,
-        batch_sizes,
-        reps,
+        batch_sizes=batch_sizes,
+        reps=reps,
         training={"steps": 2, "seq_len": SEQ_LEN, "lr": 1e-2},
     )
-    del spec["outputs"]["job_table"]  # as before: the per-window shards only
+    job_dir = JobDir(str(out))
     out.mkdir(parents=True)
     log = tmp_path / "job.log"
     with open(log, "w") as fh:
         try:
-            run_job(
-                spec, out / ".spec.json", fh, cpus=2, gpus_per_node=8, timeout_s=LAUNCH_TIMEOUT_S
-            )
+            bounds = limits(job_timeout_s=LAUNCH_TIMEOUT_S)
+            run_job(spec, job_dir, str(tiny_model), bounds, fh, cpus=2)
         except Exception as exc:
             raise AssertionError(f"{exc}\n{log.read_text()[-6000:]}") from exc
     rows = pd.concat(
-        shards.read_shard(p).to_pandas()
-        for bs in batch_sizes for p in spec["outputs"]["shards"][str(bs)]
-    )  # fmt: skip
+        shards.read_shard(p).to_pandas() for p in job_dir.shards(batch_sizes, range(reps))
+    )
     assert (rows["scenario"] == "training").all() and (rows["phase"] == "train").all()
     assert (rows["status"] == "ok").all(), rows["error"].dropna().unique()
     assert rows["output_tokens"].isna().all() and rows["loss"].notna().all()
-    seq = spec["training"]["seq_len"]
+    seq = spec.training.seq_len
     assert (rows["input_tokens"] == rows["global_batch_size"] * rows["iterations"] * seq).all()
     assert (rows["requests"] == rows["global_batch_size"] * rows["iterations"]).all()
-    assert (rows["iterations"] >= spec["training"]["steps"]).all()
+    assert (rows["iterations"] >= spec.training.steps).all()
     assert set(rows["rank"]) == set(range(layout.world_size))
     # Training continues from window to window: the second window's loss is lower.
     by_rep = rows[rows["rank"] == 0].set_index(["batch_size", "repetition"])["loss"]

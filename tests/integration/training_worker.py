@@ -9,7 +9,7 @@ the production code of :mod:`energysweep.scenarios.training`, set up as ``run.ma
    losses), and tp rank 0 of each stage of replica 0 writes ``OUT/<layout>/params-pp<s>.pt``
    (full parameters by checkpoint name);
 2. with ``--measure``, one measured grid point (``TrainingScenario.point``) whose rows, merged
-   by ``measure.window.finalize_window``, rank 0 writes as a real shard
+   by ``aggregate.windows.combine_ranks``, rank 0 writes as a real shard
    ``OUT/<layout>/shard.parquet``.
 
 ``--mistake accelerate-no-cpu`` reproduces the silent single-process trap: it replaces
@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 
 import torch
+from jobspec import launched_job, rank_context
 
 from energysweep import dist
 from energysweep.job.layout import ParallelLayout
@@ -42,35 +43,17 @@ def parse_layout(text: str) -> ParallelLayout:
     return ParallelLayout(parts["tp"], parts["pp"], parts["dp"])
 
 
-def spec_for(args, layout: ParallelLayout) -> dict:
-    """A job spec as rules/common.smk + launch.run_job build it (no energy: CPU ranks)."""
-    return {
-        "job": {
-            "model": "tiny",
-            "backend": "pytorch",
-            "scenario": "training",
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "dp": layout.dp,
-        },
-        "job_id": "worker",
-        "config_hash": "h",
-        "code_version": "test",
-        "seed": 0,
-        "dtype": "float32",
-        "model_dir": args.model_dir,
-        "workload": {"repetitions": 1},
-        "measurement": {
-            "energy_source": "none",
-            "host_energy_source": "none",
-            "device": "cpu",
-            "min_window_s": 0,
-            "idle_baseline_s": 0,
-            "cooldown_s": 0,
-            "sampler_hz": 0,
-            "prefill_pass": False,
-        },
-        "training": {
+def job_for(args, layout: ParallelLayout):
+    """The launched job of ``layout`` as the workflow builds it (no energy: CPU ranks)."""
+    return launched_job(
+        args.out,
+        args.model_dir,
+        job_id="worker",
+        layout=layout,
+        scenario="training",
+        reps=1,
+        measurement={"energy_source": "none", "host_energy_source": "none", "prefill_pass": False},
+        training={
             "steps": args.steps,
             "warmup_steps": 0,
             "seq_len": args.seq_len,
@@ -79,7 +62,7 @@ def spec_for(args, layout: ParallelLayout) -> dict:
             "lr": args.lr,
             "microbatches": args.microbatches,
         },
-    }
+    )
 
 
 def main() -> int:
@@ -98,23 +81,23 @@ def main() -> int:
     parser.add_argument("--mistake", choices=["accelerate-no-cpu"])
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from energysweep.aggregate.windows import combine_ranks
     from energysweep.measure.monitor import JobMonitor
-    from energysweep.measure.window import finalize_window
     from energysweep.scenarios.prompts import load_prompts
 
     prompts = load_prompts()
-    layouts = [parse_layout(t) for t in args.layouts.split(",")]
-    dist.init(layouts[0], "cpu")
+    jobs = [job_for(args, parse_layout(t)) for t in args.layouts.split(",")]
+    dist.init(jobs[0].placement, "cpu", timeout_s=jobs[0].limits.collective_timeout_s)
     if args.mistake == "accelerate-no-cpu":
         from accelerate import Accelerator
 
         training.make_accelerator = lambda device: Accelerator()  # the documented mistake
-    for layout in layouts:
-        spec = spec_for(args, layout)
-        ctx = dist.make_context(layout, "cpu", model_dir=args.model_dir, seed=0)
-        dist.check_world(dist.gather(ctx.audit()), layout)
-        monitor = JobMonitor(spec, ctx)
-        measurer = training.TrainingScenario(spec, ctx, prompts, monitor)
+    for job in jobs:
+        layout = job.layout
+        ctx = rank_context(job, "cpu", args.model_dir)
+        dist.check_world(dist.gather(ctx.audit()), job.placement)
+        monitor = JobMonitor(job, ctx)
+        measurer = training.TrainingScenario(job, ctx, prompts, monitor)
         monitor.start()
         bs = args.global_batch // layout.dp
         trainer = make_trainer(
@@ -136,7 +119,7 @@ def main() -> int:
             (rows,) = measurer.point(bs)
             gathered = dist.gather(rows)
             if ctx.rank == 0:
-                shards.write_shard(finalize_window(gathered), out / "shard.parquet")
+                shards.write_shard(combine_ranks(gathered), out / "shard.parquet")
         monitor.finish()
         measurer.close()
         monitor.close()

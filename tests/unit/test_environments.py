@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import Placement
 from energysweep.launch import argv as launch_argv
 from energysweep.sweep import config as es_config
 from energysweep.sweep import interpreters
@@ -63,9 +64,13 @@ def test_the_table_decides_the_interpreter(tmp_path):
 
 
 def test_ranks_start_with_the_environments_interpreter():
-    argv = launch_argv.build_argv(ParallelLayout(tp=2), "vllm", "s.json", 8, python="/e/bin/python")
+    argv = launch_argv.build_argv(
+        Placement(ParallelLayout(tp=2), "vllm", 8), "s.json", python="/e/bin/python"
+    )
     assert argv[:3] == ["/e/bin/python", "-m", "torch.distributed.run"]
-    argv = launch_argv.build_argv(ParallelLayout(), "vllm", "s.json", 8, python="/e/bin/python")
+    argv = launch_argv.build_argv(
+        Placement(ParallelLayout(), "vllm", 8), "s.json", python="/e/bin/python"
+    )
     assert argv[:3] == ["/e/bin/python", "-m", "torch.distributed.run"]
 
 

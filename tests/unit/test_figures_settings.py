@@ -16,10 +16,10 @@ from energysweep.figures.draw import notes
 
 def _sweep() -> pd.DataFrame:
     """bs 4: a valid point (2 J/token) and a cheaper invalid one; bs 8: only an invalid one."""
-    good = _rows(gpu_power_limit_request="unset", job_id="a", gpu_name="NVIDIA H100")
+    good = _rows(power_limit_w="unset", job_id="a", gpu_name="NVIDIA H100")
     cheap = _rows(
         job_id="b",
-        gpu_power_limit_request="300",
+        power_limit_w="300",
         gpu_power_limit_target_w=300.0,
         gpu_power_limit_w=300.0,
         gpu_power_limit_status="refused",
@@ -111,12 +111,12 @@ def test_settings_figure_and_the_baseline_the_other_figures_draw():
 def test_settings_read_back_from_csv_are_the_same_points(tmp_path):
     """summary.csv reads a power limit key back as a number; the windows have it as text."""
     rows = pd.concat(
-        [_rows(gpu_power_limit_request="300"), _rows(gpu_power_limit_request="500", job_id="b")],
+        [_rows(power_limit_w="300"), _rows(power_limit_w="500", job_id="b")],
         ignore_index=True,
     )
     _summary(rows).to_csv(tmp_path / "summary.csv", index=False)
     summary = pd.read_csv(tmp_path / "summary.csv")
-    assert summary["gpu_power_limit_request"].dtype == "int64"  # as a CSV gives it back
+    assert summary["power_limit_w"].dtype == "int64"  # as a CSV gives it back
     s = prepare(summary, aggregate.windows(rows))
     assert sorted(s["gpu_setting"]) == ["300 W", "500 W"]
     assert s["cpu_s_per_output_token"].notna().all()  # the windows matched their points

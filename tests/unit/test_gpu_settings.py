@@ -13,10 +13,13 @@ import pynvml as real
 import pytest
 import yaml
 
-from energysweep.hw import gpu_settings as gs
-from energysweep.hw.gpu_freq import ClockSyntaxError, nearest, parse_clock
+from energysweep.job.gpu_freq import ClockSyntaxError, nearest, parse_clock
+from energysweep.job.gpu_request import GpuRequest
+from energysweep.job.sections import JobSpecError
+from energysweep.job.spec import JobKey
 from energysweep.launch import gpu_guard
-from energysweep.measure.settings import SettingsProbe
+from energysweep.measure import gpu_settings as gs
+from energysweep.measure.settings import RECORD_ENV, SettingsProbe, SettingsRecord
 from energysweep.sweep import config as es_config
 from energysweep.sweep import settings as sweep_settings
 
@@ -160,16 +163,16 @@ def test_slurm_route_only_verifies_the_clock(fake_nvml):
 # --------------------------------------------------------------------------- launcher guard
 def test_guard_restores_when_the_job_fails_and_records_for_the_ranks(fake_nvml, tmp_path):
     gpus = _gpus(fake_nvml, privileged=True)
-    spec = {"gpu": {"power_limit_w": 350.0, "clock": "1410", "power_limit_method": "nvml"}}
+    request = GpuRequest(power_limit_w=350.0, clock="1410", power_limit_method="nvml")
     env, log = {}, io.StringIO()
     with pytest.raises(RuntimeError, match="rank 1 was killed"):
-        with gpu_guard.applied(spec, tmp_path, 2, env, log) as record:
+        with gpu_guard.applied(request, tmp_path, 2, env, log) as record:
             assert [g.power_limit_mw for g in gpus] == [350_000, 350_000]
             assert [g.app_sm_mhz for g in gpus] == [1410, 1410]
             raise RuntimeError("rank 1 was killed")
     assert [(g.power_limit_mw, g.app_sm_mhz, g.app_mem_mhz) for g in gpus] == [(700_000, 0, 0)] * 2
-    assert json.loads(Path(env[gpu_guard.RECORD_ENV]).read_text()) == record
-    assert [g["power_limit_status"] for g in record["gpus"]] == ["applied", "applied"]
+    assert SettingsRecord.load(env[RECORD_ENV]) == record
+    assert [g.power_limit_status for g in record.gpus] == ["applied", "applied"]
     assert "gpu settings restored: ok" in log.getvalue()
     after = json.loads(log.getvalue().split("gpu settings after the job: ")[1].splitlines()[0])
     assert [(a["power_limit_mw"], a["app_clocks_mhz"]) for a in after] == [
@@ -177,34 +180,53 @@ def test_guard_restores_when_the_job_fails_and_records_for_the_ranks(fake_nvml, 
     ] * 2
 
 
+def test_the_ranks_load_the_record_strictly(fake_nvml, tmp_path):
+    """What the ranks read back is the launcher's record, typed; a record missing a key (or
+    with one it does not know) fails loudly instead of reading as an empty setting."""
+    _gpus(fake_nvml, n=1, privileged=True)
+    request = GpuRequest(power_limit_w=300.0, clock=None, power_limit_method="nvml")
+    env = {}
+    with gpu_guard.applied(request, tmp_path, 1, env, io.StringIO()) as record:
+        assert SettingsRecord.load(env[RECORD_ENV]).request == request
+        data = json.loads(Path(env[RECORD_ENV]).read_text())
+    for broken in ({k: v for k, v in data.items() if k != "gpus"}, {**data, "extra": 1}):
+        path = tmp_path / "broken.json"
+        path.write_text(json.dumps(broken))
+        with pytest.raises(
+            JobSpecError, match="missing keys \\['gpus'\\]|unknown keys \\['extra'\\]"
+        ):
+            SettingsRecord.load(path)
+    assert record.gpus[0].power_limit_status == "applied"
+
+
 def test_guard_without_a_request_touches_nothing(fake_nvml, tmp_path):
     env = {}
-    with gpu_guard.applied({}, tmp_path, 1, env, io.StringIO()) as record:
+    with gpu_guard.applied(None, tmp_path, 1, env, io.StringIO()) as record:
         assert record is None
     assert env == {} and list(tmp_path.iterdir()) == []
 
 
 def test_guard_without_nvml_records_why(fake_nvml, tmp_path):
     fake_nvml(fake_pynvml.h100s(1), init_error=real.NVML_ERROR_LIBRARY_NOT_FOUND)
-    spec = {"gpu": {"power_limit_w": 300.0, "clock": None, "power_limit_method": "nvml"}}
+    request = GpuRequest(power_limit_w=300.0, clock=None, power_limit_method="nvml")
     env = {}
-    with gpu_guard.applied(spec, tmp_path, 1, env, io.StringIO()) as record:
-        assert record["error"].startswith("NVML unavailable: NVMLError_LibraryNotFound")
-    probe = SettingsProbe(spec["gpu"], [], environ=env)
-    assert probe.problems() == [record["error"]]
+    with gpu_guard.applied(request, tmp_path, 1, env, io.StringIO()) as record:
+        assert record.error.startswith("NVML unavailable: NVMLError_LibraryNotFound")
+    probe = SettingsProbe(request, [], environ=env)
+    assert probe.problems() == [record.error]
 
 
 # --------------------------------------------------------------------------- the ranks' probe
 def _launched(fake_nvml, tmp_path, request, **kw):
     gpus = _gpus(fake_nvml, n=1, **kw)
     env = {}
-    ctx = gpu_guard.applied({"gpu": request}, tmp_path, 1, env, io.StringIO())
+    ctx = gpu_guard.applied(request, tmp_path, 1, env, io.StringIO())
     ctx.__enter__()
     return gpus, env, ctx
 
 
 def test_probe_reads_back_around_windows_and_flags_a_change(fake_nvml, tmp_path):
-    req = {"power_limit_w": 300.0, "clock": "medium", "power_limit_method": "nvml"}
+    req = GpuRequest(power_limit_w=300.0, clock="medium", power_limit_method="nvml")
     gpus, env, ctx = _launched(fake_nvml, tmp_path, req, privileged=True)
     probe = SettingsProbe(req, [gpus[0].uuid], environ=env)
     assert probe.problems() == []
@@ -212,7 +234,7 @@ def test_probe_reads_back_around_windows_and_flags_a_change(fake_nvml, tmp_path)
     gpus[0].power_limit_mw = 700_000  # someone put the limit back during the window
     after = probe.read()
     cols = probe.columns(gpus[0].uuid, before, after)
-    assert cols["gpu_power_limit_request"] == "300" and cols["gpu_clock_request"] == "medium"
+    assert (cols["gpu_power_limit_target_w"], cols["gpu_sm_clock_target_mhz"]) == (300.0, 1170)
     assert (cols["gpu_power_limit_w"], cols["gpu_power_limit_end_w"]) == (300.0, 700.0)
     assert cols["gpu_power_limit_status"] == "not-applied" and cols["gpu_clock_status"] == "applied"
     assert cols["gpu_default_power_limit_w"] == 700.0
@@ -223,7 +245,7 @@ def test_probe_reads_back_around_windows_and_flags_a_change(fake_nvml, tmp_path)
 
 
 def test_probe_turns_a_refusal_into_a_problem_and_flagged_columns(fake_nvml, tmp_path):
-    req = {"power_limit_w": 300.0, "clock": None, "power_limit_method": "nvml"}
+    req = GpuRequest(power_limit_w=300.0, clock=None, power_limit_method="nvml")
     gpus, env, ctx = _launched(fake_nvml, tmp_path, req)  # unprivileged: refused
     probe = SettingsProbe(req, [gpus[0].uuid], environ=env)
     (problem,) = probe.problems()
@@ -240,7 +262,7 @@ def test_probe_without_a_request_still_reads_the_gpu_back(fake_nvml):
     probe = SettingsProbe(None, [gpus[0].uuid], environ={})
     now = probe.read()
     cols = probe.columns(gpus[0].uuid, now, now)
-    assert (cols["gpu_power_limit_status"], cols["gpu_power_limit_request"]) == ("unset", "unset")
+    assert (cols["gpu_power_limit_status"], cols["gpu_power_limit_target_w"]) == ("unset", None)
     assert cols["gpu_power_limit_w"] == 700.0 and cols["gpu_app_sm_clock_mhz"] == 1980
     assert probe.problems() == []
     cpu = SettingsProbe(None, [], environ={}).columns(None, None, None)
@@ -356,15 +378,22 @@ def test_an_nvml_power_limit_on_a_multi_node_layout_is_skipped_with_the_reason()
 
 
 def test_a_job_asks_slurm_for_its_clock_and_the_prolog_for_its_limit():
-    wc = {"power_limit_w": "300", "gpu_clock": "low,memory=high"}
-    assert sweep_settings.request(wc) == {"power_limit_w": 300.0, "clock": "low,memory=high"}
-    assert sweep_settings.slurm_extra(wc) == "--gpu-freq=low,memory=high"
-    assert sweep_settings.request({"power_limit_w": "unset", "gpu_clock": "unset"}) is None
-    assert sweep_settings.slurm_extra({"power_limit_w": "300", "gpu_clock": "unset"}) is None
-    cfg = {"gpu": {"power_limit_method": "slurm-prolog", "prolog_constraint": "powercap_{watts}w"}}
-    assert sweep_settings.constraint(wc, cfg) == "powercap_300w"
+    layout = {"model": "m", "backend": "pytorch", "scenario": "inference", "tp": 1, "pp": 1,
+              "dp": 1}  # fmt: skip
+    key = JobKey.from_strings({**layout, "power_limit_w": "300", "gpu_clock": "low,memory=high"})
+    assert key.gpu_request(None) == GpuRequest(
+        power_limit_w=300.0, clock="low,memory=high", power_limit_method=None
+    )
+    assert sweep_settings.slurm_extra(key) == "--gpu-freq=low,memory=high"
+    unset = JobKey.from_strings({**layout, "power_limit_w": "unset", "gpu_clock": "unset"})
+    assert unset.gpu_request("nvml") is None
+    no_clock = JobKey.from_strings({**layout, "power_limit_w": "300", "gpu_clock": "unset"})
+    assert sweep_settings.slurm_extra(no_clock) is None
+    gpu = {"power_limit_w": [300], "clock": [], "prolog_constraint": "powercap_{watts}w"}
+    cfg = {"gpu": {**gpu, "power_limit_method": "slurm-prolog"}}
+    assert sweep_settings.constraint(key, cfg) == "powercap_300w"
     cfg["gpu"]["power_limit_method"] = "nvml"
-    assert sweep_settings.constraint(wc, cfg) is None
+    assert sweep_settings.constraint(key, cfg) is None
 
 
 def test_under_slurm_the_guard_leaves_clocks_to_gpu_freq_and_says_so(
@@ -374,15 +403,15 @@ def test_under_slurm_the_guard_leaves_clocks_to_gpu_freq_and_says_so(
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.delenv("SLURM_GPU_FREQ", raising=False)  # the jobstep plugin drops it
     monkeypatch.setattr(gpu_guard, "job_tres_freq", lambda job: f"gpu:medium (job {job})")
-    spec = {"gpu": {"power_limit_w": 300.0, "clock": "medium", "power_limit_method": "nvml"}}
-    with gpu_guard.applied(spec, tmp_path, 1, {}, io.StringIO()) as record:
+    request = GpuRequest(power_limit_w=300.0, clock="medium", power_limit_method="nvml")
+    with gpu_guard.applied(request, tmp_path, 1, {}, io.StringIO()) as record:
         assert gpus[0].app_sm_mhz == 0 and gpus[0].power_limit_mw == 300_000
-    assert record["routes"] == {"power_limit": "nvml", "clock": "slurm-gpu-freq"}
-    assert record["slurm_tres_freq"] == "gpu:medium (job 42)" and record["slurm_gpu_freq"] is None
-    (g,) = record["gpus"]
-    assert (g["power_limit_status"], g["clock_status"]) == ("applied", "not-applied")
-    assert "asked --gpu-freq=medium, but this step's SLURM_GPU_FREQ is not set" in g["detail"][-1]
-    assert not g["changed_clocks"] and gpus[0].power_limit_mw == 700_000
+    assert record.routes == {"power_limit": "nvml", "clock": "slurm-gpu-freq"}
+    assert record.slurm_tres_freq == "gpu:medium (job 42)" and record.slurm_gpu_freq is None
+    (g,) = record.gpus
+    assert (g.power_limit_status, g.clock_status) == ("applied", "not-applied")
+    assert "asked --gpu-freq=medium, but this step's SLURM_GPU_FREQ is not set" in g.detail[-1]
+    assert not g.changed_clocks and gpus[0].power_limit_mw == 700_000
 
 
 def test_the_jobs_gpu_frequency_request_as_scontrol_shows_it():

@@ -1,92 +1,148 @@
-"""JobSpec (built once from config; its JSON form is the dict the ranks read), settings_hash, and
-JobDir (every output path of a job)."""
+"""The typed job: JobSpec (built once from the validated config), LaunchedJob (what the ranks load
+back into the same dataclasses), config_hash (one job's, location-free) and JobDir (every path of
+a job)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
+from jobspec import job_spec, launched_job, limits, validated_config
 
+from energysweep.job.gpu_request import GpuRequest
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.sections import JobSpecError, Workload
 from energysweep.job.spec import (
+    JOB_KEYS,
     JobDir,
+    JobKey,
     JobSpec,
-    launched,
-    output_paths,
-    restage,
-    settings_hash,
+    LaunchedJob,
+    config_hash,
+    portable_path,
 )
 from energysweep.sweep import config as es_config
 
 
 def _config() -> dict:
-    cfg = {
-        "models": [{"name": "tiny", "path": "builtin:tiny"}],
-        "backends": ["pytorch", "vllm"],
-        "scenarios": ["inference", "training"],
-    }
-    es_config.validate_schema(cfg)
+    cfg = validated_config(backends=["pytorch", "vllm"], scenarios=["inference", "training"])
     cfg["workload"]["batch_sizes"] = [4, 1, 2]
     return cfg
-
-
-def _legacy_spec(cfg, model, backend, scenario, tp, pp, dp) -> dict:
-    """The dict rules/common.smk built before JobSpec (the oracle of the JSON form)."""
-    return {
-        "job": {"model": model, "backend": backend, "scenario": scenario,
-                "tp": int(tp), "pp": int(pp), "dp": int(dp)},
-        "dtype": cfg["dtype"], "seed": cfg["seed"], "workload": cfg["workload"],
-        "measurement": cfg["measurement"],
-        **({"training": cfg["training"]} if scenario == "training" else {}),
-        "batch_sizes": sorted(cfg["workload"]["batch_sizes"]),
-        "model_entry": {m["name"]: m for m in cfg["models"]}[model],
-        "gpus_per_node": cfg["parallel"]["gpus_per_node"],
-        **({"engine": cfg["engine"]} if backend in {"vllm", "tensorrt-llm"} else {}),
-    }  # fmt: skip
 
 
 @pytest.mark.parametrize("backend,scenario", [
     ("pytorch", "inference"), ("pytorch", "training"), ("vllm", "inference"),
     ("tensorrt-llm", "inference"),
 ])  # fmt: skip
-def test_json_form_is_todays_dict_key_for_key_and_in_order(backend, scenario):
+def test_from_config_carries_the_validated_sections_and_round_trips(backend, scenario):
     cfg = _config()
-    spec = JobSpec.from_config(cfg, "tiny", backend, scenario, "2", "1", "1")
-    legacy = _legacy_spec(cfg, "tiny", backend, scenario, "2", "1", "1")
-    assert spec.to_dict() == legacy
-    assert list(spec.to_dict()) == list(legacy)
-    assert json.dumps(spec.to_dict()) == json.dumps(legacy)
-    assert JobSpec.from_dict(spec.to_dict()) == spec
+    spec = JobSpec.from_config(cfg, JobKey("tiny", backend, scenario, 2, 1, 1))
+    assert spec.workload == Workload(**cfg["workload"])
+    assert spec.measurement.sampler_hz == cfg["measurement"]["sampler_hz"] == 10  # the schema's
+    assert (spec.training is not None) == (scenario == "training")
+    assert (spec.engine is not None) == (backend in ("vllm", "tensorrt-llm"))
+    assert spec.batch_sizes == [1, 2, 4]
+    assert JobSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
     assert spec.layout == ParallelLayout(2, 1, 1)
     assert spec.placement.launch_mode == ("direct" if backend == "tensorrt-llm" else "torchrun")
+    assert spec.placement is spec.placement  # computed once, on the job
 
 
-def test_run_fields_come_last_and_unknown_keys_are_refused():
+def test_launched_job_round_trips_through_its_file(tmp_path):
+    job = launched_job(tmp_path / "out", model_dir="/m", batch_sizes=(1, 2), reps=2)
+    path = tmp_path / "spec.json"
+    path.write_text(job.dumps())
+    loaded = LaunchedJob.load(path)
+    assert loaded == job
+    assert loaded.outputs.shard(2, 1) == JobDir(str(tmp_path / "out")).shard(2, 1)
+    assert loaded.outputs.power == JobDir(str(tmp_path / "out")).power
+    assert loaded.limits == limits()
+    assert loaded.config_hash == config_hash(job)
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda d: d.update(job_id_typo="x"), r"unknown keys \['job_id_typo'\]"),
+        (lambda d: d.pop("limits"), r"missing keys \['limits'\]"),
+        (
+            lambda d: d["measurement"].pop("sampler_hz"),
+            r"measurement: .*missing keys \['sampler_hz'\]",
+        ),
+        (lambda d: d["workload"].update(reps=1), r"workload: unknown keys \['reps'\]"),
+        (lambda d: d["outputs"].pop("power"), r"outputs: .*missing keys \['power'\]"),
+    ],
+)
+def test_a_launched_job_with_unknown_or_missing_keys_is_refused(tmp_path, edit, message):
+    data = launched_job(tmp_path).to_json()
+    edit(data)
+    (tmp_path / "spec.json").write_text(json.dumps(data))
+    with pytest.raises(JobSpecError, match=message):
+        LaunchedJob.load(tmp_path / "spec.json")
+
+
+def test_a_job_spec_refuses_the_launched_fields():
+    data = launched_job("out").to_json()
+    with pytest.raises(JobSpecError, match=r"unknown keys \['code_version', 'config_hash'"):
+        JobSpec.from_json(data)
+
+
+def test_config_hash_covers_settings_not_the_run_and_no_location():
+    spec = job_spec()
+    h = config_hash(spec)
+    a = spec.launched(model_dir="/a/ckpt", outputs=JobDir("x").outputs([1], 1), limits=limits(),
+                      code_version="1", launch_argv=["a"], job_id="j1")  # fmt: skip
+    b = spec.launched(model_dir="/b/ckpt", outputs=JobDir("y").outputs([1], 1),
+                      limits=limits(job_timeout_s=5), code_version="2", launch_argv=["b"],
+                      job_id="j2")  # fmt: skip
+    assert a.config_hash == b.config_hash == h  # model_dir, outputs, limits, ids: no settings
+    assert config_hash(dataclasses.replace(spec, seed=1)) != h
+    # The same checkpoint and prompts in another checkout hash alike: a path enters as its name.
+    here = job_spec(workload={"prompts": "/home/a/sweep/prompts.jsonl"})
+    there = job_spec(workload={"prompts": "/scratch/b/sweep/prompts.jsonl"})
+    assert config_hash(here) == config_hash(there)
+    assert config_hash(here) != config_hash(job_spec(workload={"prompts": "/a/other.jsonl"}))
+    assert portable_path("/data/ckpt/llama-8b") == "llama-8b" == portable_path("llama-8b")
+    assert portable_path("builtin:tiny") == "builtin:tiny"
+
+
+def test_sweep_hash_is_location_free_and_not_a_jobs_hash():
     cfg = _config()
-    spec = JobSpec.from_config(cfg, "tiny", "pytorch", "inference", 1, 1, 1)
-    outputs = JobDir("out").outputs(spec.batch_sizes, 2)
-    ran = spec.with_run("/m", outputs).to_dict()
-    assert list(ran)[-2:] == ["model_dir", "outputs"]
-    assert ran["model_dir"] == "/m" and ran["outputs"] == outputs
-    with pytest.raises(ValueError, match=r"unknown keys \['job_id'\]"):
-        JobSpec.from_dict({**ran, "job_id": "x"})
+    moved = copy.deepcopy(cfg)
+    cfg["models"][0]["path"] = "/home/a/ckpt/llama"
+    moved["models"][0]["path"] = "/scratch/b/ckpt/llama"
+    cfg["environments"]["vllm"] = "/home/a/sweep/.venv-vllm/bin/python"
+    moved["environments"]["vllm"] = "/scratch/b/sweep/.venv-vllm/bin/python"
+    assert es_config.sweep_hash(cfg) == es_config.sweep_hash(moved)
+    assert cfg["models"][0]["path"] == "/home/a/ckpt/llama"  # the config itself is untouched
+    moved["workload"]["output_tokens"] += 1
+    assert es_config.sweep_hash(cfg) != es_config.sweep_hash(moved)
+    spec = JobSpec.from_config(cfg, JobKey("tiny", "pytorch", "inference", 1, 1, 1))
+    assert es_config.sweep_hash(cfg) != config_hash(spec)
 
 
-def test_settings_hash_ignores_outputs_job_id_and_limits_not_settings():
-    cfg = _config()
-    spec = JobSpec.from_config(cfg, "tiny", "pytorch", "inference", 1, 1, 1).to_dict()
-    h = settings_hash(spec)
-    assert settings_hash({**spec, "outputs": {"x": "y"}, "job_id": "j", "limits": {"a": 1}}) == h
-    changed = copy.deepcopy(spec)
-    changed["workload"]["output_tokens"] += 1
-    assert settings_hash(changed) != h
-    out = launched(spec, {"job_timeout_s": 5}, "0.1+gabc")
-    assert out["config_hash"] == h and out["code_version"] == "0.1+gabc"
-    assert out["limits"] == {"job_timeout_s": 5} and len(out["job_id"]) == 32
-    assert launched({**spec, "job_id": "mine"}, {}, "v")["job_id"] == "mine"
-    # The job's hash is not the sweep's: the two are computed from different things.
-    assert es_config.sweep_hash(cfg) != h
+def test_job_key_is_the_grid_and_path_vocabulary():
+    key = JobKey.from_strings({"model": "m", "backend": "vllm", "scenario": "inference",
+                               "tp": "2", "pp": "1", "dp": "1"})  # fmt: skip
+    assert JOB_KEYS == ("model", "backend", "scenario", "tp", "pp", "dp", "power_limit_w",
+                        "gpu_clock")  # fmt: skip
+    assert key == JobKey("m", "vllm", "inference", 2, 1, 1)
+    assert key.params_path() == "model~m/backend~vllm/scenario~inference/tp~2/pp~1/dp~1"
+    assert key.placement_on(1).nodes == 2
+    # A sweep without the GPU setting axes has no path part for them; its rows say unset.
+    assert key.columns()["power_limit_w"] == key.columns()["gpu_clock"] == "unset"
+    assert key.gpu_request("nvml") is None
+    # A swept axis is a path part after the layout, and the job's typed request.
+    swept = JobKey.from_strings({**key.wildcards(), "power_limit_w": "300", "gpu_clock": "unset"})
+    assert swept.params_path().endswith("/dp~1/power_limit_w~300/gpu_clock~unset")
+    assert JobKey.from_path(f"results/shards/{swept.params_path()}") == swept
+    assert swept.gpu_request("nvml") == GpuRequest(
+        power_limit_w=300.0, clock=None, power_limit_method="nvml"
+    )
 
 
 def test_job_dir_knows_every_path_of_a_job(tmp_path):
@@ -102,10 +158,53 @@ def test_job_dir_knows_every_path_of_a_job(tmp_path):
         "results/shards/model~m/tp~1/job.json",
         "results/shards/model~m/tp~1/.spec.json",
     )
+    assert JobDir.of(d.job_json) == d
     out = d.outputs([1, 2], 2)
-    assert output_paths(out) == [*d.shards([1, 2], [0, 1]), d.job_table, d.job_json,
-                                 d.generations, d.power, d.requests]  # fmt: skip
+    assert out.paths() == [*d.shards([1, 2], [0, 1]), d.job_table, d.job_json,
+                           d.generations, d.power, d.requests]  # fmt: skip
     base = tmp_path / "job"
-    staged = restage(JobDir(str(base)).outputs([1], 1), base / ".staging-x", base)
-    assert staged["job_json"] == str(base / ".staging-x" / "job.json")
-    assert staged["shards"]["1"] == [str(base / ".staging-x" / "bs~1" / "rep~0.parquet")]
+    staged = JobDir(str(base)).outputs([1], 1).restaged(base / ".staging-x", base)
+    assert staged.job_json == str(base / ".staging-x" / "job.json")
+    assert staged.shard(1, 0) == str(base / ".staging-x" / "bs~1" / "rep~0.parquet")
+    found = JobDir(str(tmp_path / "found"))
+    (tmp_path / "found").mkdir()
+    for name in ("power", "job_json"):
+        Path(getattr(found, name)).touch()
+        assert JobDir.find(tmp_path, name) == [Path(getattr(found, name))]
+
+
+# The rank side: everything a launched job's processes run. They read the typed job by attribute.
+SRC = Path(__file__).resolve().parents[2] / "src" / "energysweep"
+RANK_SIDE = [
+    SRC / "run.py",
+    SRC / "dist.py",
+    SRC / "tables" / "job_record.py",
+    *sorted((SRC / "measure").glob("*.py")),
+    *sorted((SRC / "scenarios").glob("*.py")),
+    *sorted((SRC / "backends").glob("*.py")),
+    *sorted((SRC / "energy").glob("*.py")),
+    *sorted((SRC / "torchpp").glob("*.py")),
+]
+# A job read as a dict, the context's untyped extras, the spec handed around inside one.
+UNTYPED = re.compile(r"\bspec\[|\bspec\.get\(|\bcfg\[|\.extra\b|\bspec_of\b")
+
+
+def untyped_reads(text: str) -> list[str]:
+    return [
+        f"line {n}: {line.strip()}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if UNTYPED.search(line)
+    ]
+
+
+def test_the_untyped_read_finder_finds_each_kind():
+    text = 'a = spec["job"]\nb = spec.get("x")\nc = cfg["lr"]\nd = ctx.extra\nspec_of(ctx)\nok\n'
+    assert [f.split(":")[0] for f in untyped_reads(text)] == [f"line {n}" for n in range(1, 6)]
+
+
+@pytest.mark.parametrize("path", RANK_SIDE, ids=lambda p: str(p.relative_to(SRC)))
+def test_the_rank_side_reads_the_job_by_attribute(path):
+    assert untyped_reads(path.read_text()) == [], (
+        f"{path.relative_to(SRC)} reads the job untyped; use the LaunchedJob's attributes "
+        "(job.measurement.sampler_hz, job.outputs.power, ...)"
+    )

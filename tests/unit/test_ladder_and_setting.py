@@ -9,9 +9,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from jobspec import validated_config
 
 from energysweep import aggregate, results
 from energysweep.aggregate import gpu_setting, ladder
+from energysweep.job.sections import Facility
 from energysweep.tables import shards
 from energysweep.validity import recheck
 from energysweep.validity import verdict as validity
@@ -63,7 +65,8 @@ def _summary(rows: pd.DataFrame, facility=FACILITY) -> pd.DataFrame:
     s = aggregate.summarize(win)
     node = rows[ladder.NODE_COLUMNS]
     setting = gpu_setting.setting_columns(s, rows[gpu_setting.ROW_COLUMNS])
-    return pd.concat([s, setting, ladder.ladder(s, win, node, facility)], axis=1)
+    typed = None if facility is None else Facility.from_config(facility)
+    return pd.concat([s, setting, ladder.ladder(s, win, node, typed)], axis=1)
 
 
 def test_every_rung_from_the_same_windows():
@@ -151,13 +154,14 @@ def _annotated(rows):
 
     s = _summary(rows)
     table = recheck.recheck(rows, power.SCHEMA.empty_table().to_pandas(), None)
-    return validity.annotate(s, rows, table, LOOSE)
+    thresholds = validity.Thresholds.from_config(validated_config(validity=LOOSE)["validity"])
+    return validity.annotate(s, rows, table, thresholds)
 
 
 def test_setting_read_back_as_asked_is_valid_as_a_percentage_of_default():
     rows = _rows(
-        gpu_power_limit_request="350",
-        gpu_clock_request="medium",
+        power_limit_w="350",
+        gpu_clock="medium",
         gpu_power_limit_target_w=350.0,
         gpu_sm_clock_target_mhz=1170,
         gpu_mem_clock_target_mhz=2619,
@@ -167,7 +171,7 @@ def test_setting_read_back_as_asked_is_valid_as_a_percentage_of_default():
         gpu_clock_status="applied",
     )
     s = _annotated(rows).iloc[0]
-    assert (s["gpu_power_limit_request"], s["gpu_clock_request"]) == ("350", "medium")
+    assert (s["power_limit_w"], s["gpu_clock"]) == ("350", "medium")
     assert s["power_limit_pct_of_default"] == pytest.approx(50.0)
     assert s["sm_clock_pct_of_default"] == pytest.approx(100 * 1170 / 1980)
     assert not {"cap_not_applied", "clock_not_applied"} & set(s["invalid_reasons"].split(";"))
@@ -184,8 +188,8 @@ def test_setting_read_back_as_asked_is_valid_as_a_percentage_of_default():
 )
 def test_a_setting_not_in_effect_invalidates_the_point(power, clock, codes):
     rows = _rows(
-        gpu_power_limit_request="350",
-        gpu_clock_request="medium",
+        power_limit_w="350",
+        gpu_clock="medium",
         gpu_power_limit_status=power,
         gpu_clock_status=clock,
         gpu_setting_detail="NVMLError_NoPermission (Insufficient Permissions)",
@@ -200,8 +204,17 @@ def test_a_setting_not_in_effect_invalidates_the_point(power, clock, codes):
 
 
 def test_settings_are_separate_points():
-    a = _rows(gpu_power_limit_request="300")
-    b = _rows(gpu_power_limit_request="unset", job_id="j2")
+    a = _rows(power_limit_w="300")
+    b = _rows(power_limit_w="unset", job_id="j2")
     s = _summary(pd.concat([a, b], ignore_index=True))
-    assert sorted(s["gpu_power_limit_request"]) == ["300", "unset"]
+    assert sorted(s["power_limit_w"]) == ["300", "unset"]
     assert np.allclose(s["boundary_gpu_j_per_token"], 2.0)
+
+
+@pytest.mark.parametrize("status, unexplained", [("applied", True), ("unset", False)])
+def test_a_setting_read_back_as_asked_explains_no_null(status, unexplained):
+    """``applied`` says the value is there: a null target beside it is an unexplained null,
+    while ``unset`` (nothing asked) explains it."""
+    s = pd.DataFrame({"gpu_power_limit_target_w": [None], "gpu_power_limit_status": [status]})
+    expected = ["gpu_power_limit_target_w[0]"] if unexplained else []
+    assert results.unexplained_nulls(s) == expected

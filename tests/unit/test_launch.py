@@ -3,17 +3,18 @@ import sys
 import pytest
 
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.placement import Placement
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.ports import rendezvous_port
 
 
 def test_single_rank_runs_directly():
-    argv = build_argv(ParallelLayout(), "pytorch", "s.json", 8, python="py")
+    argv = build_argv(Placement(ParallelLayout(), "pytorch", 8), "s.json", python="py")
     assert argv == ["py", "-m", "energysweep.run", "--spec", "s.json"]
 
 
 def test_one_node_torchrun_standalone():
-    argv = build_argv(ParallelLayout(tp=2, dp=2), "pytorch", "s.json", 8, python="py")
+    argv = build_argv(Placement(ParallelLayout(tp=2, dp=2), "pytorch", 8), "s.json", python="py")
     assert argv == [
         "py",
         "-m",
@@ -30,10 +31,8 @@ def test_one_node_torchrun_standalone():
 
 def test_multi_node_one_torchrun_per_node_c10d_port_from_job_id():
     argv = build_argv(
-        ParallelLayout(tp=8, pp=2, dp=2),
-        "pytorch",
+        Placement(ParallelLayout(tp=8, pp=2, dp=2), "pytorch", 16),
         "s.json",
-        16,
         python="py",
         slurm_job_id="123456",
         head_node="dgx-01",
@@ -62,15 +61,15 @@ def test_multi_node_one_torchrun_per_node_c10d_port_from_job_id():
 
 def test_multi_node_needs_slurm():
     with pytest.raises(ValueError, match="Slurm job id"):
-        build_argv(ParallelLayout(tp=16, dp=2), "pytorch", "s.json", 16)
+        build_argv(Placement(ParallelLayout(tp=16, dp=2), "pytorch", 16), "s.json")
 
 
 def test_env_pci_order_and_threads():
-    env = build_env(ParallelLayout(dp=2), base={"X": "1"}, threads=3)
+    env = build_env("pytorch", base={"X": "1"}, threads=3)
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["OMP_NUM_THREADS"] == "3"
     assert env["X"] == "1"
 
 
 def test_default_python_is_this_interpreter():
-    assert build_argv(ParallelLayout(), "pytorch", "s", 8)[0] == sys.executable
+    assert build_argv(Placement(ParallelLayout(), "pytorch", 8), "s")[0] == sys.executable

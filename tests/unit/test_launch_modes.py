@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
+from jobspec import job_spec
 
 from energysweep import dist
 from energysweep.job.backends import BACKENDS, LAUNCH_MODES
@@ -73,34 +76,48 @@ def audit(rank, pid, dp_rank, pp_rank=0, tp_rank=0):
 
 
 def test_audit_direct_counts_one_process_per_replica():
-    layout = ParallelLayout(tp=4, dp=2)
-    dist.check_world([audit(0, 10, 0), audit(1, 11, 1)], layout, backend="tensorrt-llm")
+    placement = Placement(ParallelLayout(tp=4, dp=2), "tensorrt-llm", 8)
+    dist.check_world([audit(0, 10, 0), audit(1, 11, 1)], placement)
     with pytest.raises(
         dist.LayoutMismatch, match=r"expects 2 distinct .*8 GPU workers.*observed 1"
     ):
-        dist.check_world([audit(0, 10, 0)], layout, backend="tensorrt-llm")
+        dist.check_world([audit(0, 10, 0)], placement)
 
 
 def test_audit_torchrun_still_counts_every_rank():
-    layout = ParallelLayout(tp=2)
+    placement = Placement(ParallelLayout(tp=2), "vllm", 8)
     with pytest.raises(dist.LayoutMismatch, match="expects 2 distinct"):
-        dist.check_world([audit(0, 10, 0)], layout, backend="vllm")
-    dist.check_world([audit(0, 10, 0), audit(1, 11, 0, tp_rank=1)], layout, backend="vllm")
+        dist.check_world([audit(0, 10, 0)], placement)
+    dist.check_world([audit(0, 10, 0), audit(1, 11, 0, tp_rank=1)], placement)
 
 
 def test_init_names_expected_and_observed_world(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(dist.LayoutMismatch, match=r"expects world size 4 .*started world size 1"):
-        dist.init(ParallelLayout(tp=4), "cpu", backend="vllm")
+        dist.init(Placement(ParallelLayout(tp=4), "vllm", 8), "cpu", timeout_s=60)
     # A TensorRT-LLM TP=4 replica is one process: world 1 is right, no process group needed.
-    assert dist.init(ParallelLayout(tp=4), "cpu", backend="tensorrt-llm") == (0, 0, 1)
+    trt = Placement(ParallelLayout(tp=4), "tensorrt-llm", 8)
+    assert dist.init(trt, "cpu", timeout_s=60) == (0, 0, 1)
 
 
 def test_context_of_a_replica_process(monkeypatch):
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    ctx = dist.make_context(ParallelLayout(tp=8), "cuda:0", backend="tensorrt-llm", model_dir="/m")
+    job = job_spec(layout=ParallelLayout(tp=8), backend="tensorrt-llm")
+    ctx = dist.make_context(
+        job.placement, "cuda:0", model_dir="/m", dtype=job.dtype, seed=job.seed,
+        max_input_tokens=job.workload.max_input_tokens,
+    )  # fmt: skip
     assert (ctx.coords.dp_rank, ctx.coords.is_writer, ctx.mesh) == (0, True, None)
+
+
+def test_dist_functions_need_the_placement():
+    """Nothing in dist guesses "torchrun on one node" when the placement is forgotten."""
+    for fn in (dist.init, dist.make_context, dist.check_world):
+        params = inspect.signature(fn).parameters
+        required = [p for p in params.values() if p.default is inspect.Parameter.empty]
+        assert "placement" in params and params["placement"] in required, fn.__name__
+        assert "backend" not in params and "gpus_per_node" not in params, fn.__name__
 
 
 # ---------------------------------------------------------------- DP split and port assignment

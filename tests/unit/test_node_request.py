@@ -7,8 +7,9 @@ import pytest
 
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import MEM_MB_PER_RANK, Placement
+from energysweep.job.spec import JobKey
 from energysweep.sweep.config import ConfigError, check_node_fit
-from energysweep.sweep.grid import Grid, GridJob
+from energysweep.sweep.grid import Grid
 
 
 def test_single_node_job_asks_one_task_for_all_its_ranks():
@@ -38,9 +39,7 @@ def _config(**parallel):
 
 
 def _grid(*layouts):
-    return Grid(
-        jobs=[GridJob("m", "pytorch", "inference", ParallelLayout(*lay)) for lay in layouts]
-    )
+    return Grid(jobs=[JobKey("m", "pytorch", "inference", *lay) for lay in layouts])
 
 
 def test_layout_over_node_cpus_is_refused_naming_layout_and_limit():

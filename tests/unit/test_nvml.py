@@ -6,6 +6,7 @@ import pytest
 from energysweep import energy
 from energysweep.energy import nvml as es_nvml
 from energysweep.hw import nvml as hw_nvml
+from energysweep.tables.status import EnergyStatus
 
 import fake_pynvml
 
@@ -129,7 +130,7 @@ def test_short_window_flagged(fake_nvml):
     src = es_nvml.NvmlSource([mod.fake_gpus[0].uuid])
     src.begin()
     (r,) = src.end()
-    assert r.status == energy.STATUS_SHORT_WINDOW
+    assert r.status == EnergyStatus.SHORT_WINDOW
     assert r.energy_mj == 0.0 and "update period" in r.detail
 
 

@@ -6,12 +6,21 @@ import json
 
 import pynvml as real
 import pytest
+from jobspec import job_spec, validated_config
 
 from energysweep.validity import preflight, require
 
 import fake_pynvml
 
 FAST = 0.3  # seconds of counter / idle polling per GPU
+# The validity thresholds preflight checks against: the schema's defaults.
+VALIDITY = validated_config()["validity"]
+
+
+def run_preflight(require_energy: str, **kw) -> dict:
+    """preflight.run with the schema's thresholds and FAST polling."""
+    v = VALIDITY
+    return preflight.run(FAST, require_energy, v["max_idle_std_w"], v["throttle_reasons"], **kw)
 
 
 def gpus(n=1, period=0.02):
@@ -24,7 +33,7 @@ def gpus(n=1, period=0.02):
 
 def test_healthy_node_passes_with_measured_period(fake_nvml, tmp_path):
     mod = fake_nvml(gpus(2))
-    r = preflight.run(FAST, "gpu", cuda_visible_devices="1", rapl_root=tmp_path, zeus=False)
+    r = run_preflight("gpu", cuda_visible_devices="1", rapl_root=tmp_path, zeus=False)
     assert r["pass"] and r["has_gpu"] and r["required"] == "gpu"
     (g,) = r["gpus"]
     assert g["uuid"] == mod.fake_gpus[1].uuid and g["index"] == 1
@@ -43,7 +52,7 @@ def test_healthy_node_passes_with_measured_period(fake_nvml, tmp_path):
 def test_stuck_counter_fails(fake_nvml, tmp_path):
     mod = fake_nvml(gpus(1))
     mod.fake_gpus[0].counter_stuck = True
-    r = preflight.run(FAST, "auto", rapl_root=tmp_path, zeus=False)
+    r = run_preflight("auto", rapl_root=tmp_path, zeus=False)
     assert not r["pass"] and r["required"] == "gpu"
     assert r["gpus"][0]["counter"]["status"] == "fail"
     assert "not advancing" in r["gpu_energy"]["detail"]
@@ -52,8 +61,8 @@ def test_stuck_counter_fails(fake_nvml, tmp_path):
 def test_missing_uuid_fails(fake_nvml, tmp_path):
     mod = fake_nvml(gpus(1))
     missing = "GPU-99999999-1111-2222-3333-000000000099"
-    r = preflight.run(
-        FAST, "gpu", torch_uuids=[mod.fake_gpus[0].uuid, missing], rapl_root=tmp_path, zeus=False
+    r = run_preflight(
+        "gpu", torch_uuids=[mod.fake_gpus[0].uuid, missing], rapl_root=tmp_path, zeus=False
     )
     assert not r["pass"] and r["checks"]["gpus"]["status"] == "fail"
     assert r["checks"]["gpus"]["missing_uuids"] == [missing]
@@ -64,23 +73,23 @@ def test_throttling_is_reported(fake_nvml, tmp_path):
     mod.fake_gpus[0].clock_event_reasons = (
         real.nvmlClocksEventReasonHwSlowdown | real.nvmlClocksEventReasonSwPowerCap
     )
-    r = preflight.run(FAST, "gpu", rapl_root=tmp_path, zeus=False)
+    r = run_preflight("gpu", rapl_root=tmp_path, zeus=False)
     clocks = r["gpus"][0]["clocks"]
     assert clocks["status"] == "fail" and clocks["detail"] == "throttled: hw_slowdown"
 
 
 def test_no_driver_says_so_and_exit_depends_on_requirement(fake_nvml, tmp_path):
     fake_nvml(gpus(1), init_error=real.NVML_ERROR_LIBRARY_NOT_FOUND)
-    r = preflight.run(FAST, "auto", rapl_root=tmp_path)
+    r = run_preflight("auto", rapl_root=tmp_path)
     assert r["pass"] and not r["has_gpu"] and r["required"] == "none"
     assert "NVMLError_LibraryNotFound" in r["gpu_energy"]["detail"]
     assert "no GPU that NVML can read" in preflight.verdict([r])
-    assert not preflight.run(FAST, "gpu", rapl_root=tmp_path)["pass"]
+    assert not run_preflight("gpu", rapl_root=tmp_path)["pass"]
 
 
 def test_fail_closed_checks_every_rank(fake_nvml):
     mod = fake_nvml(gpus(2))
-    m = {"require_energy": "auto", "energy_source": "auto"}
+    m = job_spec(measurement={"require_energy": "auto", "energy_source": "auto"}).measurement
     assert require.rank_problem(m, "cpu", [], 0) is None  # auto on CPU: nothing required
     assert require.rank_problem(m, "cuda:0", [mod.fake_gpus[0].uuid], 0) is None
     missing = require.rank_problem(m, "cuda:0", ["GPU-not-there"], 0)
@@ -93,9 +102,11 @@ def test_fail_closed_checks_every_rank(fake_nvml):
         require.check_job(
             m, "cuda:0", [mod.fake_gpus[0].uuid], 0, 0, "n0", gather=lambda _: reports
         )
-    gpu = {"require_energy": "gpu", "energy_source": "auto"}
+    gpu = job_spec(measurement={"require_energy": "gpu", "energy_source": "auto"}).measurement
     assert "device=cpu" in require.rank_problem(gpu, "cpu", [], 0)
-    host = {"require_energy": "host", "host_energy_source": "auto"}
+    host = job_spec(
+        measurement={"require_energy": "host", "host_energy_source": "auto"}
+    ).measurement
     assert "RAPL" in require.rank_problem(host, "cpu", [], 0)
     assert require.rank_problem(host, "cpu", [], 1) is None  # local rank 0 reads the node
 

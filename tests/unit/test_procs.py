@@ -16,7 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from jobspec import job_spec, limits
 
+from energysweep.job.spec import JobDir, LaunchedJob
 from energysweep.launch import job as launch_job
 from energysweep.launch import procs
 
@@ -139,12 +141,14 @@ def test_run_job_leaves_no_process_and_publishes_only_success(
     pids_file = tmp_path / "pids.json"
     out = tmp_path / "job"
 
-    def fake_argv(layout, backend, spec_path, gpus_per_node, **kw):
-        # The stand-in writes the staged job.json, as rank 0 does, then behaves as told.
+    def fake_argv(placement, spec_path, **kw):
+        # The stand-in loads the launched job and writes its staged outputs, as rank 0 does,
+        # then behaves as told.
         write = (
-            f"import json, pathlib; s = json.load(open({str(spec_path)!r})); "
-            "p = pathlib.Path(s['outputs']['job_json']); "
-            "p.parent.mkdir(parents=True, exist_ok=True); p.write_text('{}'); "
+            "import pathlib; from energysweep.job.spec import LaunchedJob; "
+            f"job = LaunchedJob.load({str(spec_path)!r}); "
+            "[pathlib.Path(p).parent.mkdir(parents=True, exist_ok=True) "
+            "or pathlib.Path(p).write_text('{}') for p in job.outputs.paths()]; "
         )
         return [
             sys.executable,
@@ -154,76 +158,39 @@ def test_run_job_leaves_no_process_and_publishes_only_success(
         ]
 
     monkeypatch.setattr(launch_job, "build_argv", fake_argv)
-    spec = {
-        "job": {
-            "model": "m",
-            "backend": "pytorch",
-            "scenario": "inference",
-            "tp": 1,
-            "pp": 1,
-            "dp": 1,
-        },
-        "outputs": {"job_json": str(out / "job.json")},
-    }
+    job_dir = JobDir(str(out))
+    bounds = limits(job_timeout_s=timeout_s, kill_grace_s=0.5)
     log_path = tmp_path / "job.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         if match is None:
-            launch_job.run_job(
-                spec,
-                out / ".spec.json",
-                log,
-                cpus=1,
-                gpus_per_node=1,
-                limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5},
-            )
+            launch_job.run_job(job_spec(), job_dir, "/m", bounds, log, cpus=1)
         else:
             with pytest.raises(launch_job.JobFailed, match=match) as info:
-                launch_job.run_job(
-                    spec,
-                    out / ".spec.json",
-                    log,
-                    cpus=1,
-                    gpus_per_node=1,
-                    limits={"job_timeout_s": timeout_s, "kill_grace_s": 0.5},
-                )
+                launch_job.run_job(job_spec(), job_dir, "/m", bounds, log, cpus=1)
             assert "nothing of it was published" in str(info.value)
     elapsed = time.monotonic() - t0
     pids = wait_for(pids_file, timeout=1)
     assert not any(alive(p) for p in pids.values()), "a process outlived its job"
-    written = json.loads((out / ".spec.json").read_text())
-    assert procs.marked(written["job_id"]) == []
-    assert (out / "job.json").exists() == (match is None)
+    written = LaunchedJob.load(job_dir.spec_file)
+    assert procs.marked(written.job_id) == []
+    assert Path(job_dir.job_json).exists() == (match is None)
     assert not list(out.glob(".staging-*"))
     assert elapsed < timeout_s + 20
-    assert written["limits"]["job_timeout_s"] == timeout_s
-    assert (
-        written["limits"]["collective_timeout_s"]
-        == launch_job.DEFAULT_LIMITS["collective_timeout_s"]
-    )
+    assert written.limits == bounds
 
 
 def test_limits_do_not_change_the_config_hash(tmp_path, monkeypatch):
-    def fake_argv(layout, backend, spec_path, gpus_per_node, **kw):
+    def fake_argv(placement, spec_path, **kw):
         return [sys.executable, "-c", "raise SystemExit(1)"]
 
     monkeypatch.setattr(launch_job, "build_argv", fake_argv)
-    spec = {
-        "job": {
-            "model": "m",
-            "backend": "pytorch",
-            "scenario": "inference",
-            "tp": 1,
-            "pp": 1,
-            "dp": 1,
-        },
-        "outputs": {"job_json": str(tmp_path / "j")},
-    }
+    job_dir = JobDir(str(tmp_path))
     hashes = []
-    for limits in ({"job_timeout_s": 5}, {"job_timeout_s": 9, "kill_grace_s": 1}):
+    for bounds in (limits(job_timeout_s=5), limits(job_timeout_s=9, kill_grace_s=1)):
         with open(tmp_path / "log", "w") as log, pytest.raises(launch_job.JobFailed):
-            launch_job.run_job(spec, tmp_path / ".spec.json", log, 1, 1, limits=limits)
-        written = json.loads((tmp_path / ".spec.json").read_text())
-        assert written["limits"]["job_timeout_s"] == limits["job_timeout_s"]
-        hashes.append(written["config_hash"])
+            launch_job.run_job(job_spec(), job_dir, "/m", bounds, log, 1)
+        written = LaunchedJob.load(job_dir.spec_file)
+        assert written.limits == bounds
+        hashes.append(written.config_hash)
     assert hashes[0] == hashes[1]

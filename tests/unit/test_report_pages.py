@@ -118,7 +118,7 @@ def test_environment_page_states_gpus_versions_hash_and_config():
         ]
     )
     record = {
-        "config_hash": "sweephash",
+        "sweep_hash": "sweephash",
         "code_version": "0.1.0+g123",
         "config": {"backends": ["pytorch", "vllm"]},
     }

@@ -7,6 +7,7 @@ import pynvml as real
 import pytest
 
 from energysweep.energy import sampler
+from energysweep.job.spec import JobDir
 from energysweep.tables import power as power_tbl
 
 import fake_pynvml
@@ -78,7 +79,7 @@ def test_power_file_always_written(tmp_path, fake_nvml):
     s = sampler.PowerSampler([mod.fake_gpus[0].uuid], 10, "j1", rank=0, host="h")
     s.sample_once()
     rows = s.stop() + sampler.PowerSampler([], 10, "j1", rank=1, host="h").stop()
-    path = tmp_path / "job" / power_tbl.FILENAME
+    path = JobDir(str(tmp_path / "job")).power
     sampler.write_power(rows, path, 10)
     table = pq.read_table(path)
     assert table.schema.equals(power_tbl.SCHEMA, check_metadata=False)

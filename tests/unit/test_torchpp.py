@@ -194,11 +194,11 @@ def test_whole_model_fallback_gives_the_same_stage(tiny_dir, monkeypatch):
 
 @pytest.fixture(scope="module")
 def backend(tiny_dir):
-    from energysweep.backends.pytorch import PyTorchBackend
-    from energysweep.dist import make_context
+    from jobspec import job_spec, rank_context
 
-    ctx = make_context(ParallelLayout(), "cpu", model_dir=str(tiny_dir), max_input_tokens=64)
-    return PyTorchBackend(ctx)
+    from energysweep.backends.pytorch import PyTorchBackend
+
+    return PyTorchBackend(rank_context(job_spec(), "cpu", tiny_dir))
 
 
 def _hf_generate(model, batch, n, pad_id, **kw):

@@ -6,10 +6,14 @@ import math
 
 import pytest
 import torch
+import yaml
+from jobspec import launched_job
 
 from energysweep import aggregate, results
 from energysweep.dist import LayoutMismatch
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.sections import SCHEMA_PATH, JobSpecError, Training
+from energysweep.job.spec import LaunchedJob
 from energysweep.scenarios import accelerate_world, train_data, trainers, training
 from energysweep.scenarios.base import prompt_indices
 from energysweep.tables import shards
@@ -142,19 +146,22 @@ def test_accelerate_dataloader_sharding_is_the_contiguous_split(dp, bs):
         assert shard == [prompt_indices(s, bs, dp, d, n) for s in range(steps)]
 
 
-def test_training_config_names_the_missing_section():
+def test_training_config_names_the_missing_section(tmp_path):
     with pytest.raises(ValueError, match="get_job_spec"):
-        training.training_config({"job": {}})
-    with pytest.raises(ValueError, match="lacks"):
-        training.training_config({"training": {"steps": 1}})
+        training.training_config(launched_job(tmp_path, scenario="inference"))
 
 
-def test_schema_defaults_fill_the_training_section():
-    from energysweep.sweep import config
+def test_schema_defaults_fill_the_training_section(tmp_path):
+    t = training.training_config(launched_job(tmp_path, scenario="training"))
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["training"]["properties"]
+    assert t == Training(**{k: p["default"] for k, p in schema.items()})
 
-    cfg = config.validate_schema({"models": [{"name": "m", "path": "builtin:tiny"}]})
-    t = training.training_config(cfg)
-    assert t["steps"] >= 1 and t["seq_len"] >= 2 and t["optimizer"] in training.OPTIMIZERS
+
+def test_a_training_section_with_a_missing_key_is_refused(tmp_path):
+    data = launched_job(tmp_path, scenario="training").to_json()
+    del data["training"]["lr"]
+    with pytest.raises(JobSpecError, match=r"training: .*missing keys \['lr'\]"):
+        LaunchedJob.from_json(data)
 
 
 def test_train_stage_matches_the_hf_model(tmp_path):

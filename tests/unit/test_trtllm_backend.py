@@ -12,43 +12,36 @@ import sys
 
 import fake_engines
 import pytest
+from jobspec import job_spec, launched_job
 
 from energysweep import dist
 from energysweep.backends import request_log, trtllm_backend
-from energysweep.backends.engine_common import job_options
-from energysweep.energy import STATUS_MEASURED, GpuReading
+from energysweep.energy import GpuReading
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 from energysweep.launch import argv as launch_argv
 from energysweep.launch import replica as launch_replica
+from energysweep.tables.status import EnergyStatus
 
-SPEC = {
-    "job_id": "job-2",
-    "job": {
-        "model": "m",
-        "backend": "tensorrt-llm",
-        "scenario": "inference",
-        "tp": 1,
-        "pp": 1,
-        "dp": 1,
-    },
+# A tensorrt-llm job as the workflow builds it (validated config, JobSpec.from_config).
+JOB = {
+    "backend": "tensorrt-llm",
     "dtype": "bfloat16",
-    "seed": 0,
-    "batch_sizes": [1, 64, 256],
+    "batch_sizes": (1, 64, 256),
     "workload": {"max_input_tokens": 512, "output_tokens": 256},
-    "gpus_per_node": 16,
 }
-OPTS = job_options(SPEC)
 PY = "/envs/trt/bin/python"
 ENTRY = ["-m", "energysweep.run", "--spec", "s.json"]
 
 
 def argv_for(layout, gpus_per_node=16, **kw):
-    return launch_argv.build_argv(layout, "tensorrt-llm", "s.json", gpus_per_node, python=PY, **kw)
+    placement = Placement(layout, "tensorrt-llm", gpus_per_node)
+    return launch_argv.build_argv(placement, "s.json", python=PY, **kw)
 
 
 def kwargs_for(tp=1, pp=1):
-    return trtllm_backend.llm_kwargs(ParallelLayout(tp, pp), "/models/llama", OPTS)
+    job = job_spec(layout=ParallelLayout(tp, pp), **JOB)
+    return trtllm_backend.llm_kwargs(job, "/models/llama")
 
 
 # --------------------------------------------------------------------------- layouts (pinned)
@@ -68,7 +61,7 @@ def test_tp8_one_node_direct():
     assert Placement(layout, "tensorrt-llm", 16).launch_mode == "direct"
     assert Placement(layout, "tensorrt-llm", 16).processes == (1, 8)
     assert Placement(layout, "tensorrt-llm", 16).coords(0) == layout.coords(0)  # writer, dp 0
-    env = launch_argv.build_env(layout, base={}, backend="tensorrt-llm", slurm_job_id="9")
+    env = launch_argv.build_env("tensorrt-llm", base={}, slurm_job_id="9")
     assert not any(k.startswith("VLLM_") for k in env)
 
 
@@ -161,7 +154,8 @@ class FixedSource:
 
     def end(self):
         return [
-            GpuReading(f"GPU-{i}", i, None, None, 1000.0, STATUS_MEASURED, "nvml") for i in range(4)
+            GpuReading(f"GPU-{i}", i, None, None, 1000.0, EnergyStatus.MEASURED, "nvml")
+            for i in range(4)
         ]
 
     def close(self):
@@ -202,27 +196,29 @@ def fake_trt(monkeypatch):
 
 
 def test_replica_generates_exact_tokens_and_logs_perf_metrics(fake_trt, model_dir, tmp_path):
-    spec = {
-        **SPEC,
-        "outputs": {"job_json": str(tmp_path / "job.json")},
-        "workload": {"max_input_tokens": 8, "output_tokens": 4},
-    }
-    layout = ParallelLayout(tp=2)
+    job = launched_job(
+        tmp_path,
+        model_dir,
+        **{**JOB, "workload": {"max_input_tokens": 8, "output_tokens": 4}},
+        layout=ParallelLayout(tp=2),
+    )
     ctx = dist.RankContext(
-        layout=layout,
+        placement=job.placement,
         rank=0,
         local_rank=0,
         world_size=1,
-        coords=Placement(layout, "tensorrt-llm").coords(0),
+        coords=job.placement.coords(0),
         device="cuda:0",
         host="h",
         pid=os.getpid(),
         model_dir=model_dir,
-        extra={"spec": spec},
+        dtype=job.dtype,
+        seed=job.seed,
+        max_input_tokens=job.workload.max_input_tokens,
     )
-    backend = trtllm_backend.load_backend(ctx)
+    backend = trtllm_backend.load_backend(ctx, job)
     llm = fake_trt.instances[-1]
-    assert llm.kwargs == trtllm_backend.llm_kwargs(layout, model_dir, job_options(spec))
+    assert llm.kwargs == trtllm_backend.llm_kwargs(job, model_dir)
     batch = backend.encode(["one two three four five six seven eight nine", "x"])
     out = backend.generate(batch, 4)
     assert [len(t) for t in out] == [4, 4]
@@ -230,7 +226,7 @@ def test_replica_generates_exact_tokens_and_logs_perf_metrics(fake_trt, model_di
     assert inputs == batch and params.max_tokens == 4 and params.return_perf_metrics
     backend.close()
     assert llm.shut_down
-    rows = request_log.read(tmp_path / request_log.FILENAME).to_pylist()
+    rows = request_log.read(job.outputs.requests).to_pylist()
     assert len(rows) == 2 and rows[0]["backend"] == "tensorrt-llm"
     assert rows[0]["ttft_s"] == pytest.approx(0.05)
     assert rows[0]["tpot_s"] == pytest.approx(0.02)
@@ -252,5 +248,5 @@ def test_contract_names():
     fields = set(getattr(LlmArgs, "model_fields", {})) or set(
         inspect.signature(tllm.LLM.__init__).parameters
     )
-    kw = trtllm_backend.llm_kwargs(ParallelLayout(tp=4, pp=2), "/m", OPTS)
+    kw = trtllm_backend.llm_kwargs(job_spec(layout=ParallelLayout(tp=4, pp=2), **JOB), "/m")
     assert set(kw) <= fields, set(kw) - fields

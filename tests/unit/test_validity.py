@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pynvml as real
 import pytest
+from jobspec import validated_config
 
 from energysweep import aggregate, results
 from energysweep.energy import nvml as es_nvml
@@ -93,9 +94,11 @@ def run_job(mod, gpus, reps=3, requests=4, job_id="j1", pp_ranks=None):
 
 
 def verdict(rows, power, cfg=FAST, idle=None):
+    """The verdict with ``cfg`` over the schema's defaults (validated as the workflow does)."""
     summary = aggregate.summarize(aggregate.windows(rows))
     table = recheck.recheck(rows, power, idle)
-    return validity.annotate(summary, rows, table, cfg), table
+    thresholds = validity.Thresholds.from_config(validated_config(validity=cfg)["validity"])
+    return validity.annotate(summary, rows, table, thresholds), table
 
 
 def codes(s) -> set[str]:

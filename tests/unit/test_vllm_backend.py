@@ -8,6 +8,7 @@ name we pass, and the fake, against the real vLLM in its own environment (.venv-
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -17,10 +18,10 @@ from pathlib import Path
 import fake_engines
 import pytest
 import torch
+from jobspec import job_spec, launched_job
 
 from energysweep import dist
 from energysweep.backends import request_log, vllm_backend
-from energysweep.backends.engine_common import job_options
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 from energysweep.launch import argv as launch_argv
@@ -30,22 +31,22 @@ from conftest import vllm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SPEC = {
-    "job_id": "job-1",
-    "job": {"model": "m", "backend": "vllm", "scenario": "inference", "tp": 1, "pp": 1, "dp": 1},
+# A vllm job as the workflow builds it (validated config, JobSpec.from_config).
+JOB = {
+    "backend": "vllm",
     "dtype": "bfloat16",
     "seed": 7,
-    "batch_sizes": [1, 8, 32],
+    "batch_sizes": (1, 8, 32),
     "workload": {"max_input_tokens": 512, "output_tokens": 256},
-    "gpus_per_node": 16,
+    "parallel": {"gpus_per_node": 16},
 }
-OPTS = job_options(SPEC)
 TORCHRUN = ["py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
 ENTRY = ["-m", "energysweep.run", "--spec", "s.json"]
 
 
 def kwargs_for(tp=1, pp=1, dp=1):
-    return vllm_backend.engine_kwargs(ParallelLayout(tp, pp, dp), "/models/llama", OPTS)
+    job = job_spec(layout=ParallelLayout(tp, pp, dp), **JOB)
+    return vllm_backend.engine_kwargs(job, "/models/llama", on_gpu=True)
 
 
 def common_kwargs(tp, pp):
@@ -67,9 +68,8 @@ def common_kwargs(tp, pp):
 
 
 def argv_for(tp=1, pp=1, dp=1, **kw):
-    return launch_argv.build_argv(
-        ParallelLayout(tp, pp, dp), "vllm", "s.json", 16, python="py", **kw
-    )
+    placement = job_spec(layout=ParallelLayout(tp, pp, dp), **JOB).placement
+    return launch_argv.build_argv(placement, "s.json", python="py", **kw)
 
 
 def external_dp_rank(world: int, tp: int, pp: int) -> list[int]:
@@ -139,14 +139,9 @@ def test_sampling_is_greedy_with_a_fixed_output_length():
     }
 
 
-def test_engine_options_from_spec_override_defaults():
-    opts = job_options(
-        {
-            **SPEC,
-            "engine": {"gpu_memory_utilization": 0.8, "enforce_eager": True, "max_model_len": 4096},
-        }
-    )
-    kw = vllm_backend.engine_kwargs(ParallelLayout(), "/m", opts)
+def test_engine_options_from_the_config_override_the_schema_defaults():
+    engine = {"gpu_memory_utilization": 0.8, "enforce_eager": True, "max_model_len": 4096}
+    kw = vllm_backend.engine_kwargs(job_spec(**JOB, engine=engine), "/m", on_gpu=True)
     assert (kw["gpu_memory_utilization"], kw["enforce_eager"], kw["max_model_len"]) == (
         0.8,
         True,
@@ -155,10 +150,11 @@ def test_engine_options_from_spec_override_defaults():
 
 
 # --------------------------------------------------------------------------------- env, ports
+ENGINE = job_spec(**JOB).engine
+
+
 def test_env_port_from_slurm_job_id():
-    env = launch_argv.build_env(
-        ParallelLayout(tp=4), base={}, backend="vllm", slurm_job_id="123456"
-    )
+    env = launch_argv.build_env("vllm", base={}, slurm_job_id="123456", engine=ENGINE)
     assert env["VLLM_PORT"] == str(ports.vllm_port(123456))
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
@@ -174,13 +170,13 @@ def test_concurrent_jobs_get_disjoint_port_blocks():
 
 
 def test_env_port_outside_slurm_is_free():
-    port = int(launch_argv.build_env(ParallelLayout(), base={}, backend="vllm")["VLLM_PORT"])
+    port = int(launch_argv.build_env("vllm", base={}, engine=ENGINE)["VLLM_PORT"])
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # still free: nothing holds it
 
 
 def test_pytorch_env_has_no_vllm_variables():
-    env = launch_argv.build_env(ParallelLayout(tp=2), base={}, backend="pytorch", slurm_job_id="1")
+    env = launch_argv.build_env("pytorch", base={}, slurm_job_id="1")
     assert not any(k.startswith("VLLM_") for k in env)
 
 
@@ -192,19 +188,28 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-def make_ctx(model_dir, layout, rank, spec):
+def make_ctx(model_dir, job, rank):
     return dist.RankContext(
-        layout=layout,
+        placement=job.placement,
         rank=rank,
         local_rank=rank,
-        world_size=layout.world_size,
-        coords=Placement(layout, "vllm").coords(rank),
+        world_size=job.layout.world_size,
+        coords=job.placement.coords(rank),
         device="cpu",
         host="h",
         pid=os.getpid(),
         model_dir=model_dir,
-        extra={"spec": spec},
+        dtype=job.dtype,
+        seed=job.seed,
+        max_input_tokens=job.workload.max_input_tokens,
     )
+
+
+def tp2_rank(model_dir, out, rank: int, output_tokens: int):
+    """(job, backend) of rank ``rank`` of a tp=2 vllm job with short prompts."""
+    workload = {"max_input_tokens": 8, "output_tokens": output_tokens}
+    job = launched_job(out, model_dir, **{**JOB, "workload": workload}, layout=ParallelLayout(tp=2))
+    return job, vllm_backend.load_backend(make_ctx(model_dir, job, rank), job)
 
 
 @pytest.fixture
@@ -215,18 +220,10 @@ def fake_vllm(monkeypatch):
 
 
 def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp_path):
-    spec = {
-        **SPEC,
-        "outputs": {"job_json": str(tmp_path / "job.json")},
-        "workload": {"max_input_tokens": 8, "output_tokens": 5},
-    }
-    layout = ParallelLayout(tp=2)
-    backend = vllm_backend.load_backend(make_ctx(model_dir, layout, 0, spec))
+    job, backend = tp2_rank(model_dir, tmp_path, 0, output_tokens=5)
     llm = fake_vllm.instances[-1]
     # CPU ranks: no gpu_memory_utilization (the KV cache is VLLM_CPU_KVCACHE_SPACE).
-    assert llm.kwargs == vllm_backend.engine_kwargs(
-        layout, model_dir, job_options(spec), on_gpu=False
-    )
+    assert llm.kwargs == vllm_backend.engine_kwargs(job, model_dir, on_gpu=False)
     assert "gpu_memory_utilization" not in llm.kwargs
     assert backend.startup["engine_version"] == fake_engines.VLLM_VERSION
     assert backend.startup["import_s"] >= 0 and backend.startup["engine_init_s"] >= 0
@@ -241,7 +238,7 @@ def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp
     assert prompts == [{"prompt_token_ids": ids} for ids in batch]
     assert (params.max_tokens, params.min_tokens, params.ignore_eos) == (5, 5, True)
     backend.close()
-    rows = request_log.read(tmp_path / request_log.FILENAME).to_pylist()
+    rows = request_log.read(job.outputs.requests).to_pylist()
     assert [(r["request_index"], r["output_tokens"], r["metrics_status"]) for r in rows] == [
         (0, 5, "measured"),
         (1, 5, "measured"),
@@ -251,9 +248,8 @@ def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp
     assert rows[0]["call_start_ns"] <= rows[0]["call_end_ns"]
 
 
-def test_other_tp_ranks_submit_but_return_nothing(fake_vllm, model_dir):
-    spec = {**SPEC, "workload": {"max_input_tokens": 8, "output_tokens": 3}}
-    backend = vllm_backend.load_backend(make_ctx(model_dir, ParallelLayout(tp=2), 1, spec))
+def test_other_tp_ranks_submit_but_return_nothing(fake_vllm, model_dir, tmp_path):
+    job, backend = tp2_rank(model_dir, tmp_path, 1, output_tokens=3)
     assert backend.generate(backend.encode(["a b c"]), 3) is None
     assert len(fake_vllm.instances[-1].calls) == 1  # it still took part in the step
     assert backend.requests == []
@@ -268,11 +264,11 @@ def test_without_metrics_timings_are_null_not_zero():
     assert ttft == pytest.approx(0.2) and tpot is None  # one token: no TPOT
 
 
-def test_load_without_spec_names_the_fix(fake_vllm, model_dir):
-    ctx = make_ctx(model_dir, ParallelLayout(), 0, None)
-    ctx.extra = {}
-    with pytest.raises(RuntimeError, match="extra=\\{'spec': spec\\}"):
-        vllm_backend.load_backend(ctx)
+def test_a_job_without_engine_section_names_the_fix(fake_vllm, model_dir, tmp_path):
+    job = launched_job(tmp_path, model_dir, **JOB)
+    bare = dataclasses.replace(job, engine=None)
+    with pytest.raises(ValueError, match="carry the config section `engine`"):
+        vllm_backend.load_backend(make_ctx(model_dir, bare, 0), bare)
 
 
 # ------------------------------------------------------- contract test against the real vLLM
@@ -282,7 +278,10 @@ def test_contract_with_the_real_vllm():
     vLLM in its own environment (tests/vllm_contract.py; `make test` builds .venv-vllm first)."""
     proc = subprocess.run(
         [vllm_python(), str(ROOT / "tests" / "vllm_contract.py")],
-        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'tests'}"},
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'tests'}:{ROOT / 'tests' / 'integration'}",
+        },
         capture_output=True,
         text=True,
         timeout=540,
@@ -291,12 +290,6 @@ def test_contract_with_the_real_vllm():
     assert "vllm contract ok: 0.32.0" in proc.stdout
 
 
-def test_request_table_goes_to_the_declared_output_first(tmp_path):
-    declared = {"outputs": {"requests": "a/requests.parquet", "job_json": "b/job.json"}}
-    assert str(request_log.path_for(declared)) == "a/requests.parquet"
-    assert str(request_log.path_for({"outputs": {"job_json": "b/job.json"}})) == (
-        "b/requests.parquet"
-    )
-    assert request_log.path_for({}) is None
+def test_an_empty_request_table_keeps_the_schema(tmp_path):
     request_log.write([], tmp_path / "r.parquet")  # an empty table keeps the schema
     assert request_log.read(tmp_path / "r.parquet").num_rows == 0

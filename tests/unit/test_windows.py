@@ -7,15 +7,16 @@ the fake GPU's energy counter); the inference scenario, JobMonitor and NVML sour
 from __future__ import annotations
 
 import pytest
+from jobspec import launched_job, rank_context
 
 from energysweep import dist
+from energysweep.aggregate.windows import combine_ranks
 from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.hw import nvml as hw_nvml
-from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import LaunchedJob
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
-from energysweep.measure.window import finalize_window
 from energysweep.scenarios.inference import InferenceScenario
 from energysweep.tables import shards
 
@@ -78,28 +79,14 @@ class FakeBackend(Backend):
         pass
 
 
-def spec(**measurement) -> dict:
-    return {
-        "job": {
-            "model": "tiny",
-            "backend": "pytorch",
-            "scenario": "inference",
-            "tp": 1,
-            "pp": 1,
-            "dp": 1,
-        },
-        "job_id": "j1",
-        "config_hash": "h",
-        "code_version": "0.1.0+gabc",
-        "seed": 0,
-        "model_entry": {"name": "tiny", "path": "builtin:tiny"},
-        "workload": {
-            "output_tokens": 16,
-            "warmup_iterations": 1,
-            "iterations": 2,
-            "repetitions": 2,
-        },
-        "measurement": {
+def spec(models=None, **measurement) -> LaunchedJob:
+    """A one-rank inference job as the launcher writes it (validated config, JobSpec)."""
+    return launched_job(
+        "out",
+        job_id="j1",
+        reps=2,
+        workload={"output_tokens": 16, "warmup_iterations": 1, "iterations": 2},
+        measurement={
             "energy_source": "auto",
             "host_energy_source": "none",
             "device": "auto",
@@ -110,22 +97,12 @@ def spec(**measurement) -> dict:
             "prefill_pass": True,
             **measurement,
         },
-    }
-
-
-def context(device: str, model_dir: str = "no-checkpoint") -> dist.RankContext:
-    layout = ParallelLayout(1, 1, 1)
-    return dist.RankContext(
-        layout=layout,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        coords=layout.coords(0),
-        device=device,
-        host="h",
-        pid=1,
-        model_dir=model_dir,
+        **({"models": models} if models else {}),
     )
+
+
+def context(job: LaunchedJob, device: str, model_dir: str = "no-checkpoint") -> dist.RankContext:
+    return rank_context(job, device, model_dir)
 
 
 TINY = dict(
@@ -138,6 +115,7 @@ TINY = dict(
 )
 # embed 1600 + lm_head 1600 + 2 x (q 256 + k 128 + v 128 + o 256 + mlp 1536 + norms 32) + 16
 TINY_PARAMETERS = 3200 + 2 * 2336 + 16
+TINY_DIMS = {k: v for k, v in TINY.items() if k != "vocab_size"}
 
 
 @pytest.fixture
@@ -154,7 +132,7 @@ def gpu_rank(fake_nvml, monkeypatch, tmp_path):
 
     def make(backend=None, **measurement):
         s = spec(**measurement)
-        ctx = context("cuda:0", model_dir=str(tmp_path))
+        ctx = context(s, "cuda:0", model_dir=str(tmp_path))
         monitor = JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
         backend = backend or FakeBackend(clock)
         return InferenceScenario(s, ctx, backend, [f"p{i}" for i in range(64)], monitor), backend
@@ -202,16 +180,17 @@ def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
         assert r["host_energy_status"] == "unavailable"  # host_energy_source: none
     prefill = [r for r in rows if r["phase"] == "prefill"]
     assert all(r["output_tokens"] == r["iterations"] * 4 for r in prefill)
-    shards.to_table(finalize_window([rows]))  # complete rows of the one schema
+    shards.to_table(combine_ranks([rows]))  # complete rows of the one schema
     # Generations: rep 0's first workload.iterations iterations only.
     assert len(measurer.generations) == 2 * 4
 
 
 def test_cpu_rank_spends_no_idle_time_and_says_why(monkeypatch):
     clock = Clock(None)
-    s = spec()
-    s["model_entry"]["dims"] = {"num_parameters": 1234}  # no checkpoint here: the declared count
-    ctx = context("cpu")
+    # No checkpoint here: the count declared in models[].dims.
+    dims = {**TINY_DIMS, "num_parameters": 1234}
+    s = spec(models=[{"name": "tiny", "path": "builtin:tiny", "dims": dims}])
+    ctx = context(s, "cpu")
     monitor = JobMonitor(s, ctx, clock=clock, sleep=clock.sleep)
     measurer = InferenceScenario(s, ctx, FakeBackend(clock), ["a", "b", "c"], monitor)
     monitor.start(lambda: None)
@@ -244,7 +223,7 @@ def test_failed_point_rows_are_complete(gpu_rank):
     assert {r["status"] for r in rows} == {"oom"}
     assert [r["phase"] for r in rows] == ["generate", "prefill"] * 2
     assert all(r["gpu_energy_mj"] is None for r in rows)
-    shards.to_table(finalize_window([rows]))
+    shards.to_table(combine_ranks([rows]))
 
 
 def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
@@ -264,7 +243,7 @@ def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
             model_parameters_method="counted",
         )
 
-    rows = finalize_window(
+    rows = combine_ranks(
         [
             [r(0, "generate", 30, 60, True), r(0, "prefill", 30, 4, True)],
             [r(1, "generate", 0, 0, False), r(1, "prefill", 0, 0, False)],

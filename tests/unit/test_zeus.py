@@ -12,9 +12,11 @@ from unittest import mock
 
 import pynvml as real
 import pytest
+from jobspec import validated_config
 
 from energysweep import energy
 from energysweep.energy import nvml as es_nvml
+from energysweep.tables.status import EnergyStatus
 
 import fake_pynvml
 
@@ -91,7 +93,7 @@ def test_zeus_short_window_flagged_and_backwards_is_error(zeus_nvml):
     src = energy.make_source("zeus", "cuda:0", [g.uuid])
     src.begin()
     (r,) = src.end()  # a ~0 ms window: the counter cannot have moved
-    assert r.status == energy.STATUS_SHORT_WINDOW and r.energy_mj == 0.0
+    assert r.status == EnergyStatus.SHORT_WINDOW and r.energy_mj == 0.0
     src.begin()
     g.energy_mj -= 10
     with pytest.raises(es_nvml.CounterWentBackwards):
@@ -131,7 +133,15 @@ def test_preflight_compares_zeus_with_nvml(zeus_nvml, tmp_path):
     fake = zeus_nvml(fake_pynvml.h100s(2), cuda_visible_devices="1")
     g = fake.fake_gpus[1]
     g.counter_period_s = 0.005
-    r = preflight.run(0.3, "gpu", cuda_visible_devices="1", rapl_root=tmp_path)
+    v = validated_config()["validity"]
+    r = preflight.run(
+        0.3,
+        "gpu",
+        v["max_idle_std_w"],
+        v["throttle_reasons"],
+        cuda_visible_devices="1",
+        rapl_root=tmp_path,
+    )
     z = r["checks"]["zeus"]
     assert z["status"] == "ok", z
     assert list(z["zeus_nvml_ratio"]) == [g.uuid]

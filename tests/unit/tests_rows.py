@@ -70,8 +70,8 @@ def row(**over) -> dict:
         "flops_estimate": None,
         "loss": None,
         # schema v4 (GPU settings, node energy, Slurm step/account/node)
-        "gpu_power_limit_request": "unset",
-        "gpu_clock_request": "unset",
+        "power_limit_w": "unset",
+        "gpu_clock": "unset",
         "gpu_power_limit_target_w": None,
         "gpu_sm_clock_target_mhz": None,
         "gpu_mem_clock_target_mhz": None,

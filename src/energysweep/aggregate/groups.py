@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from energysweep.tables.status import EnergyStatus
+
 
 class Groups:
     """Rows of a frame, in a given order, grouped by a group id: vectorized per-group reductions.
@@ -99,11 +101,11 @@ class Groups:
         nuniq = self.nunique(values)
         return np.where(
             self.all(mask_measured),
-            "measured",
+            EnergyStatus.MEASURED,
             np.where(
                 self.all(mask_ok),
-                "short-window",
-                np.where(nuniq == 1, self.first(values), "partial"),
+                EnergyStatus.SHORT_WINDOW,
+                np.where(nuniq == 1, self.first(values), EnergyStatus.PARTIAL),
             ),
         ).astype(object)
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from energysweep.aggregate.windows import MEASURED
+from energysweep.job.sections import Estimate, Facility
 from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 
@@ -89,7 +90,7 @@ def _per_window(win: pd.DataFrame, node_rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def ladder(
-    summary: pd.DataFrame, win: pd.DataFrame, node_rows: pd.DataFrame, facility: dict
+    summary: pd.DataFrame, win: pd.DataFrame, node_rows: pd.DataFrame, facility: Facility | None
 ) -> pd.DataFrame:
     """The ladder's columns for every summary point (same index as ``summary``).
 
@@ -97,8 +98,8 @@ def ladder(
         summary: one row per point (energysweep.aggregate.points.summarize).
         win: the windows (energysweep.aggregate.windows).
         node_rows: shard rows with :data:`NODE_COLUMNS`.
-        facility: the config's ``facility`` section (PUE and carbon intensity with provenance);
-            None: neither is estimated.
+        facility: the config's ``facility`` section, typed (PUE and carbon intensity with
+            provenance); None: neither is estimated.
     """
     per = _per_window(win, node_rows)
     by = per.groupby(POINT_KEYS, sort=False)
@@ -173,27 +174,23 @@ def _widest(out: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return value, name
 
 
-def _band(entry: dict, label: str) -> str:
-    return (
-        f"{label} {entry['value']:g} [{entry['low']:g}-{entry['high']:g}] "
-        f"({entry['source']}, {entry['year']})"
-    )
+def _band(entry: Estimate, label: str) -> str:
+    return f"{label} {entry.value:g} [{entry.low:g}-{entry.high:g}] ({entry.source}, {entry.year})"
 
 
-def _estimates(out: pd.DataFrame, facility: dict) -> dict:
+def _estimates(out: pd.DataFrame, facility: Facility | None) -> dict:
     base, boundary = _widest(out)
-    facility = facility or {}
-    pue = facility.get("pue") or {"value": None}
-    ci = facility.get("carbon_intensity_g_per_kwh") or {"value": None}
+    pue = facility.pue if facility is not None else None
+    ci = facility.carbon_intensity_g_per_kwh if facility is not None else None
     n = len(out)
     cols: dict = {}
-    if pue["value"] is None:
+    if pue is None or pue.value is None:
         fac = {s: np.full(n, np.nan) for s in ("", "_low", "_high")}
         fac_status = np.full(n, "not estimated (facility.pue is not set)", dtype=object)
         fac_method = "none"
     else:
         fac = {
-            s: base.to_numpy() * pue[k]
+            s: base.to_numpy() * getattr(pue, k)
             for s, k in (("", "value"), ("_low", "low"), ("_high", "high"))
         }
         fac_status = np.where(base.notna(), "estimated", "unavailable (no measured boundary)")
@@ -202,7 +199,7 @@ def _estimates(out: pd.DataFrame, facility: dict) -> dict:
         cols[f"facility_energy_estimate_j_per_token{s}"] = v
     cols["facility_energy_estimate_method"] = fac_method
     cols["facility_energy_estimate_status"] = fac_status
-    if ci["value"] is None:
+    if ci is None or ci.value is None:
         co2 = {s: np.full(n, np.nan) for s in fac}
         co2_status = np.full(
             n, "not estimated (facility.carbon_intensity_g_per_kwh is not set)", dtype=object
@@ -210,7 +207,7 @@ def _estimates(out: pd.DataFrame, facility: dict) -> dict:
         co2_method = "none"
     else:
         co2 = {
-            s: fac[s] / J_PER_KWH * ci[k]
+            s: fac[s] / J_PER_KWH * getattr(ci, k)
             for s, k in (("", "value"), ("_low", "low"), ("_high", "high"))
         }
         co2_status = np.where(np.isnan(fac[""]), fac_status, "estimated")

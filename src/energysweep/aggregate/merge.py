@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from energysweep.job.spec import JOB_KEYS, JobDir
 from energysweep.tables import shards
 
 
@@ -37,8 +38,7 @@ def rerun_command(job_record: str | Path, snakemake_args: list[str] | None = Non
 
 def _job_label(record: dict | None, job_record: Path) -> str:
     job = (record or {}).get("job") or {}
-    keys = ("model", "backend", "scenario", "tp", "pp", "dp")
-    label = " ".join(f"{k}={job[k]}" for k in keys if k in job)
+    label = " ".join(f"{k}={job[k]}" for k in JOB_KEYS if k in job)
     return f"{label} ({job_record})" if label else str(job_record)
 
 
@@ -59,8 +59,8 @@ class MissingJobTable(MergeInputError, FileNotFoundError):
 def job_table_paths(
     job_records: list[str | Path], snakemake_args: list[str] | None = None
 ) -> list[Path]:
-    """Every job's table (``shards.JOB_TABLE``: all its shards' rows in one file), found next to
-    its job.json.
+    """Every job's table (``JobDir.job_table``: all its shards' rows in one file), found in the
+    directory of its job.json.
 
     Reading one file per job instead of one per window is what keeps the merge of a large sweep
     fast (bench/merge_scaling.py). Raises MergeInputError (a FileNotFoundError too) naming every
@@ -69,7 +69,7 @@ def job_table_paths(
     """
     paths, problems = [], []
     for record in job_records:
-        table = Path(record).parent / shards.JOB_TABLE
+        table = Path(JobDir.of(record).job_table)
         if not table.is_file():
             problems.append(
                 _problem(
@@ -192,7 +192,7 @@ def merge(
         return shards.SCHEMA.empty_table()
     expect = None
     if records is not None:
-        expect = {Path(j).parent / shards.JOB_TABLE: (Path(j), r) for j, r in records.items()}
+        expect = {Path(JobDir.of(j).job_table): (Path(j), r) for j, r in records.items()}
     batches = [paths[i : i + MERGE_BATCH] for i in range(0, len(paths), MERGE_BATCH)]
     workers = min(8, 2 * (os.cpu_count() or 1), len(batches))
     with ThreadPoolExecutor(max_workers=workers) as pool:

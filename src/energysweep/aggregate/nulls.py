@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from energysweep.tables.status import EnergyStatus, SettingStatus, Status
+
 # Summary column -> the status columns that explain a null in it (any non-ok value explains).
 _ENERGY = ("gpu_energy_status", "status")
 # Training generates no output tokens (output_token_status says so); inference trains on none
@@ -113,7 +115,16 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
 for _c in _OUTPUT_TOKEN_COLUMNS:
     NULL_STATUS[_c] = ("output_token_status", *NULL_STATUS[_c])
 NULL_STATUS.update(TRAINING_NULL_STATUS)
-OK_STATUSES = {"ok", "measured", "counted", "config", "applied", "estimated"}
+# A status that explains nothing (the value is there): a point, energy or FLOPs count that is ok.
+# A setting read back as asked is "applied"; a facility rung with its estimate is "estimated".
+OK_STATUSES = {
+    Status.OK,
+    EnergyStatus.MEASURED,
+    SettingStatus.APPLIED,
+    "counted",
+    "config",
+    "estimated",
+}
 # Free-text columns: null means "nothing to report", not "not measured".
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
 

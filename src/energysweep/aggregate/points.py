@@ -18,7 +18,9 @@ from energysweep.aggregate.groups import Groups, null_if_empty, values_of
 from energysweep.aggregate.windows import MEASURED
 from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS
+from energysweep.tables.status import EnergyStatus, Status
 
+UNAVAILABLE = EnergyStatus.UNAVAILABLE
 NOT_TRAINING = "not-applicable (inference: no optimizer steps)"
 NO_OUTPUT_TOKENS = "not-applicable (training generates no output tokens)"
 
@@ -45,14 +47,14 @@ def prefill_decode(win: pd.DataFrame) -> pd.DataFrame:
     out["prefill_energy_fraction"] = p_iter / g_iter
     out["prefill_s_per_iteration"] = p_time
     out["decode_output_tokens_per_s"] = decode_tokens / (g_time - p_time).where(g_time > p_time)
-    status = pd.Series("ok", index=gen.index, dtype=object)
+    status = pd.Series(Status.OK.value, index=gen.index, dtype=object)
     no_energy = ~gen["gpu_energy_status"].isin(MEASURED) | ~pre["gpu_energy_status"].isin(MEASURED)
     status[no_energy] = "energy-unavailable"
     status[(g_iter - p_iter) < 0] = "decode-negative (prefill per iteration >= generate)"
     status[g_time <= p_time] = "decode-time-not-positive"
     status[~(decode_tokens_iter > 0)] = "no-decode-tokens (output_tokens is 1)"
-    status[pre["status"].ne("ok")] = "no-prefill-window"
-    status[gen["status"].ne("ok")] = "point-failed"
+    status[pre["status"].ne(Status.OK)] = "no-prefill-window"
+    status[gen["status"].ne(Status.OK)] = "point-failed"
     out["prefill_decode_status"] = status
     return out.reset_index()
 
@@ -105,7 +107,7 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
     n = int(gid.max()) + 1
     _, first_pos = np.unique(gid, return_index=True)
     first = head.iloc[first_pos].reset_index(drop=True)
-    is_ok = (head["status"] == "ok").to_numpy()
+    is_ok = (head["status"] == Status.OK).to_numpy()
     rows = Groups(gid, n)
     good = Groups(gid, n, np.flatnonzero(is_ok))
     ok = head[is_ok]
@@ -128,7 +130,7 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
     columns: dict = {
         **{k: first[k] for k in POINT_KEYS},
         "status": np.where(
-            n_ok == n_rows, "ok", np.where(n_ok > 0, "partial", status_set)
+            n_ok == n_rows, Status.OK, np.where(n_ok > 0, Status.PARTIAL, status_set)
         ).tolist(),
         "error": _join_text(head, gid, rows, "error"),
         "repetitions": n_rows,
@@ -144,8 +146,8 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
                 "mean_gpu_power_w",
             )
         },
-        "output_token_status": np.where(training, NO_OUTPUT_TOKENS, "ok").tolist(),
-        "training_status": np.where(training, "ok", NOT_TRAINING).tolist(),
+        "output_token_status": np.where(training, NO_OUTPUT_TOKENS, Status.OK).tolist(),
+        "training_status": np.where(training, Status.OK, NOT_TRAINING).tolist(),
         **{
             c: med[c].to_numpy()
             for c in (
@@ -184,7 +186,7 @@ def _join_text(head: pd.DataFrame, gid: np.ndarray, frame_rows: Groups, column: 
 def _idle_columns(head: pd.DataFrame, gid: np.ndarray, good: Groups, med: pd.DataFrame) -> dict:
     """Per point the GPU energy status and the idle-adjusted figures."""
     return {
-        "gpu_energy_status": _joined_ok(head, good, "gpu_energy_status", "unavailable"),
+        "gpu_energy_status": _joined_ok(head, good, "gpu_energy_status", EnergyStatus.UNAVAILABLE),
         "gpu_energy_detail": _join_text(head, gid, good, "gpu_energy_detail"),
         **{
             c: med[c].to_numpy()
@@ -194,7 +196,7 @@ def _idle_columns(head: pd.DataFrame, gid: np.ndarray, good: Groups, med: pd.Dat
                 "energy_per_output_token_idle_adjusted_j",
             )
         },
-        "idle_status": _joined_ok(head, good, "idle_status", "unavailable"),
+        "idle_status": _joined_ok(head, good, "idle_status", EnergyStatus.UNAVAILABLE),
     }
 
 
@@ -211,11 +213,11 @@ def _host_and_window_columns(
                 "host_energy_per_output_token_idle_adjusted_j",
             )
         },
-        "host_energy_status": _joined_ok(head, good, "host_energy_status", "unavailable"),
+        "host_energy_status": _joined_ok(head, good, "host_energy_status", UNAVAILABLE),
         "host_energy_detail": _join_text(head, gid, good, "host_energy_detail"),
-        "idle_host_status": _joined_ok(head, good, "idle_host_status", "unavailable"),
+        "idle_host_status": _joined_ok(head, good, "idle_host_status", UNAVAILABLE),
         "zeus_nvml_energy_ratio": med["zeus_nvml_energy_ratio"].to_numpy(),
-        "zeus_status": _joined_ok(head, good, "zeus_status", "not-requested"),
+        "zeus_status": _joined_ok(head, good, "zeus_status", EnergyStatus.NOT_REQUESTED),
         **{c: med[c].to_numpy() for c in ("flops_estimate_per_s", "flops_estimate_per_j")},
         "flops_status": rows.joined(head["flops_status"], ",").tolist(),
         **{
@@ -249,7 +251,7 @@ def _ci_columns(ok: pd.DataFrame, ok_gid: np.ndarray, n: int, n_ok: np.ndarray) 
         lo, hi = bootstrap_ci_groups(ok_gid, values_of(ok, metric), n)
         columns[f"{metric}_ci_low"], columns[f"{metric}_ci_high"] = lo, hi
     columns["ci_status"] = [
-        "ok" if k >= 2 else f"too-few-repetitions ({k} ok; a CI needs 2 or more)" for k in n_ok
+        Status.OK if k >= 2 else f"too-few-repetitions ({k} ok; a CI needs 2 or more)" for k in n_ok
     ]
     return columns
 
@@ -279,7 +281,7 @@ def _prefill_decode_columns(
     has = np.bincount(g, minlength=n) > 0
     out: dict = {}
     if len(rows):
-        good = (rows["prefill_decode_status"] == "ok").to_numpy()
+        good = (rows["prefill_decode_status"] == Status.OK).to_numpy()
         timed = rows["prefill_s_per_iteration"].notna().to_numpy()
         for c in cols[:3]:
             out[c] = _medians(rows[good], g[good], n, [c])[c].to_numpy()

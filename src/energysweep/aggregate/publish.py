@@ -8,10 +8,6 @@ were and no partial file under an output's name.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,11 +24,7 @@ def _write_dataset_tmp(table: pa.Table, out: Path) -> Path:
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; results are for everyone to read
+    tmp = tables_io.temp_beside(out, directory=True)
     try:
         if table.num_rows:
             # One chunk per shard made the partitioned write 25x slower (per-batch work).
@@ -49,22 +41,9 @@ def _write_dataset_tmp(table: pa.Table, out: Path) -> Path:
         else:  # no partitions to write: one empty file keeps the schema readable
             pq.write_table(table, tmp / "part-0.parquet")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tables_io.remove(tmp)
         raise
     return tmp
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` (file or directory) to ``out``, replacing what was there."""
-    if tmp.is_dir():
-        old = out.with_name(f".old-{out.name}-{uuid.uuid4().hex}") if out.exists() else None
-        if old:
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
 
 
 def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
@@ -74,7 +53,7 @@ def write_dataset(table: pa.Table, out_dir: str | Path) -> None:
     the old dataset or the new one, never a half-written one.
     """
     out = Path(out_dir)
-    _swap_in(_write_dataset_tmp(table, out), out)
+    tables_io.replace(_write_dataset_tmp(table, out), out)
 
 
 def publish(
@@ -93,24 +72,16 @@ def publish(
     writing = energy_out
     try:
         staged.append((_write_dataset_tmp(table, energy_out), energy_out))
-        umask = os.umask(0)
-        os.umask(umask)
         for out, write in files:
             writing = out
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{out.name}-", dir=out.parent)
-            os.close(fd)
-            staged.append((Path(tmp), out))
-            write(tmp)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone
-        for tmp_path, out in staged:
-            _swap_in(tmp_path, out)
+            tmp = tables_io.temp_beside(out)
+            staged.append((tmp, out))
+            write(str(tmp))
+        for tmp, out in staged:
+            tables_io.replace(tmp, out)
         staged = []
     except OSError as exc:  # a full disk, say: name the output (pyarrow's errors do not)
         raise tables_io.write_error(exc, writing) from exc
     finally:
-        for tmp_path, _ in staged:
-            if tmp_path.is_dir():
-                shutil.rmtree(tmp_path, ignore_errors=True)
-            else:
-                tmp_path.unlink(missing_ok=True)
+        for tmp, _ in staged:
+            tables_io.remove(tmp)

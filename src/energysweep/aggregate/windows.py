@@ -1,10 +1,19 @@
-"""Shard rows -> one row per measured window, with derived per-token and per-second figures.
+"""How the ranks' rows of one window combine: the one home of the counting rule across ranks.
 
-Counting rule: a window's GPU energy is the sum over its *distinct* GPU UUIDs, so a GPU reported
-by two ranks counts once, and every node's GPUs of a multi-node job are included. If any GPU
-of the window has no measured energy the window's energy is null (never a partial sum). Host
-(RAPL) energy is summed over distinct hosts, each read once by its local rank 0. Idle-adjusted
-energy = gross - the window's GPUs' idle power x window duration (``*_idle_adjusted_*``).
+Every rank reports a window with rows of its own (one per GPU it measured). They combine in two
+steps, both here:
+
+1. :func:`combine_ranks`, on rank 0 before the window's shard is written (energysweep.run): the
+   window's token counts are summed over ranks (only each replica's writer counts tokens, so the
+   sum is every replica's work), its edges are the earliest start and the latest end over ranks,
+   its requests are global batch x iterations, and its FLOPs estimate follows from those. These
+   window totals are stored in every row of the shard.
+2. :func:`windows`, in the merge: one row per measured window. A window's GPU energy is the sum
+   over its *distinct* GPU UUIDs, so a GPU reported by two ranks counts once, and every node's GPUs
+   of a multi-node job are included. If any GPU of the window has no measured energy the window's
+   energy is null (never a partial sum). Host (RAPL) energy is summed over distinct hosts, each read
+   once by its local rank 0; CPU time over distinct processes. Idle-adjusted energy = gross - the
+   window's GPUs' idle power x window duration (``*_idle_adjusted_*``).
 """
 
 from __future__ import annotations
@@ -15,8 +24,9 @@ import pandas as pd
 from energysweep.aggregate.groups import Groups, is_in, null_if_empty, values_of
 from energysweep.tables.phases import Phase
 from energysweep.tables.shards import WINDOW_KEYS
+from energysweep.tables.status import ACCEPTED, EnergyStatus, Status
 
-MEASURED = {"measured", "short-window"}
+MEASURED = set(ACCEPTED)
 TRAIN_PHASE = Phase.TRAIN.value
 
 # The shard columns windows() reads; aggregate() converts only these to pandas.
@@ -60,6 +70,46 @@ WINDOW_COLUMNS = [
 ]
 
 
+def _sum_or_none(values) -> int | None:
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
+
+
+def combine_ranks(rows_by_rank: list[list[dict]]) -> list[dict]:
+    """Every rank's rows of one repetition, with the window totals (step 1 of the module).
+
+    Per phase, over the ok rows: tokens summed over ranks, edges min/max, requests, and the FLOPs
+    estimate: 2 * parameters * (input + output tokens) for inference, 6 * parameters * tokens for
+    training (forward + backward), of the window (all GPUs).
+    """
+    rows = [r for rank_rows in rows_by_rank for r in rank_rows]
+    for phase in sorted({r["phase"] for r in rows}):
+        phase_rows = [r for r in rows if r["phase"] == phase]
+        ok = [r for r in phase_rows if r["status"] == Status.OK]
+        if not ok:
+            continue
+        per_rank = {r["rank"]: (r["input_tokens"], r["output_tokens"]) for r in ok}
+        tin = _sum_or_none(v[0] for v in per_rank.values())
+        tout = _sum_or_none(v[1] for v in per_rank.values())
+        params = ok[0]["model_parameters"]
+        flops = None
+        if params is not None and phase in (Phase.GENERATE, Phase.PREFILL):
+            flops = 2.0 * params * ((tin or 0) + (tout or 0))
+        elif params is not None and phase == Phase.TRAIN and tin is not None:
+            flops = 6.0 * params * tin
+        update = {
+            "input_tokens": tin,
+            "output_tokens": tout,
+            "window_start_ns": min(r["window_start_ns"] for r in ok),
+            "window_end_ns": max(r["window_end_ns"] for r in ok),
+            "requests": ok[0]["global_batch_size"] * ok[0]["iterations"],
+            "flops_estimate": flops,
+        }
+        for r in phase_rows:
+            r.update(update)
+    return rows
+
+
 def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray) -> dict:
     """Host energy per window: each distinct host once, from the rank that read it.
 
@@ -72,16 +122,16 @@ def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray)
         {
             "g": gid,
             "host": host,
-            "not_read": is_in(energy, "host_energy_status", ["not-read"]),
+            "not_read": is_in(energy, "host_energy_status", [EnergyStatus.NOT_READ]),
             "pos": np.arange(len(energy)),
         }
     )[keep].sort_values(["g", "host", "not_read", "pos"], kind="stable")
     per_host = order.drop_duplicates(["g", "host"])["pos"].to_numpy()
     h = Groups(gid, n, per_host)
-    measured = ok & h.all(is_in(energy, "host_energy_status", ["measured"]))
-    idle_ok = measured & h.all(is_in(energy, "idle_host_power_status", ["measured"]))
-    host_measured = is_in(energy, "host_energy_status", ["measured"])
-    idle_measured = is_in(energy, "idle_host_power_status", ["measured"])
+    measured = ok & h.all(is_in(energy, "host_energy_status", [EnergyStatus.MEASURED]))
+    idle_ok = measured & h.all(is_in(energy, "idle_host_power_status", [EnergyStatus.MEASURED]))
+    host_measured = is_in(energy, "host_energy_status", [EnergyStatus.MEASURED])
+    idle_measured = is_in(energy, "idle_host_power_status", [EnergyStatus.MEASURED])
     return {
         "host_energy_j": np.where(
             measured, h.sum_all_or_nan(values_of(energy, "host_energy_mj")) / 1e3, np.nan
@@ -91,7 +141,7 @@ def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray)
         ),
         "host_energy_status": np.where(
             measured,
-            "measured",
+            EnergyStatus.MEASURED,
             h.status_of(energy["host_energy_status"], host_measured, host_measured),
         ).tolist(),
         "host_energy_detail": null_if_empty(h.joined(energy["host_energy_detail"], "; ")),
@@ -100,7 +150,7 @@ def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray)
         ),
         "idle_host_status": np.where(
             idle_ok,
-            "measured",
+            EnergyStatus.MEASURED,
             h.status_of(energy["idle_host_power_status"], idle_measured, idle_measured),
         ).tolist(),
     }
@@ -120,16 +170,16 @@ def _gpu_columns(
     gpu_mj = values_of(energy, "gpu_energy_mj")
     gpu_complete = gpus.all(~np.isnan(gpu_mj))
     energy_ok = ok & has_gpus & estatus_measured & gpu_complete
-    short = rows.any(is_in(energy, "gpu_energy_status", ["short-window"]))
-    unavailable = rows.all(is_in(energy, "gpu_energy_status", ["unavailable"]))
+    short = rows.any(is_in(energy, "gpu_energy_status", [EnergyStatus.SHORT_WINDOW]))
+    unavailable = rows.all(is_in(energy, "gpu_energy_status", [EnergyStatus.UNAVAILABLE]))
     estatus = np.where(
         energy_ok,
-        np.where(short, "short-window", "measured"),
-        np.where(unavailable, "unavailable", "partial"),
+        np.where(short, EnergyStatus.SHORT_WINDOW, EnergyStatus.MEASURED),
+        np.where(unavailable, EnergyStatus.UNAVAILABLE, EnergyStatus.PARTIAL),
     )
 
     zeus_st = energy["gpu_energy_zeus_status"]
-    zeus_measured = is_in(energy, "gpu_energy_zeus_status", ["measured"])
+    zeus_measured = is_in(energy, "gpu_energy_zeus_status", [EnergyStatus.MEASURED])
     zeus_ok = is_in(energy, "gpu_energy_zeus_status", MEASURED)
     zeus_j = np.where(
         ok & has_gpus & gpus.all(zeus_ok),
@@ -137,12 +187,12 @@ def _gpu_columns(
         np.nan,
     )
     zeus_status = np.where(
-        has_gpus, gpus.status_of(zeus_st, zeus_measured, zeus_ok), "not-requested"
+        has_gpus, gpus.status_of(zeus_st, zeus_measured, zeus_ok), EnergyStatus.NOT_REQUESTED
     )
 
     # Idle statuses come from the window's GPUs, or from all its rows when it has none.
     idle_st = energy["idle_gpu_power_status"]
-    idle_measured = is_in(energy, "idle_gpu_power_status", ["measured"])
+    idle_measured = is_in(energy, "idle_gpu_power_status", [EnergyStatus.MEASURED])
     idle_in = is_in(energy, "idle_gpu_power_status", MEASURED)
     idle_w = np.where(
         has_gpus & gpus.all(idle_in),
@@ -203,7 +253,7 @@ def windows(energy: pd.DataFrame) -> pd.DataFrame:
     n = int(gid.max()) + 1
     _, first_pos = np.unique(gid, return_index=True)  # each window's first row
     first = energy.iloc[first_pos].reset_index(drop=True)
-    ok = (first["status"] == "ok").to_numpy()
+    ok = (first["status"] == Status.OK).to_numpy()
     rows = Groups(gid, n)
 
     gpu = _gpu_columns(energy, gid, n, ok, rows)

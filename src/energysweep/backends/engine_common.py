@@ -1,80 +1,36 @@
-"""What the engine backends (vLLM, TensorRT-LLM) share: job options, tokenisation, request log.
+"""What the engine backends (vLLM, TensorRT-LLM) share: engine limits, tokenisation, request log.
 
 Both engines get exactly the token ids the PyTorch backend generates from (the checkpoint's own
 Hugging Face tokenizer, truncated to ``workload.max_input_tokens``, special tokens added), and
 both must return exactly ``workload.output_tokens`` new tokens per request (EOS ignored), so a
 grid point means the same work on every backend.
 
-The job options come from the job spec, which run.py hands over as ``ctx.extra["spec"]``.
+An engine backend is built from the rank's context and the launched job
+(:class:`energysweep.job.spec.LaunchedJob`), which ``load_backend(ctx, job)`` receives: its
+options are ``job.engine``, its limits :func:`max_batch_size` and :func:`max_model_len`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from energysweep.backends import request_log
 from energysweep.backends.base import Backend
-
-# The defaults of config section ``engine:`` (config/config.schema.yaml, the same values); used
-# where a spec carries no ``engine`` (one built without the workflow, e.g. in a test).
-ENGINE_DEFAULTS = {
-    "gpu_memory_utilization": 0.9,  # vLLM on GPUs: fraction of each GPU's memory for weights + KV
-    "cpu_kvcache_gib": 1,  # vLLM on CPUs: KV cache GiB per rank (VLLM_CPU_KVCACHE_SPACE)
-    "enforce_eager": False,  # vLLM: True disables CUDA graphs / torch.compile
-    "max_model_len": None,  # None: max_input_tokens + output_tokens
-}
+from energysweep.job.spec import JobSpec, LaunchedJob
+from energysweep.tables.status import EnergyStatus
 
 
-@dataclass(frozen=True)
-class JobOptions:
-    """The settings an engine is built with, taken from one job spec."""
-
-    job_id: str
-    backend: str
-    dtype: str
-    seed: int
-    batch_sizes: tuple[int, ...]
-    max_input_tokens: int
-    output_tokens: int
-    engine: dict = field(default_factory=dict)
-
-    @property
-    def max_batch_size(self) -> int:
-        """The engine is built once per job, so it must admit the largest swept batch."""
-        return max(self.batch_sizes)
-
-    @property
-    def max_model_len(self) -> int:
-        """Longest sequence a request can reach: prompt (truncated) + fixed output."""
-        override = self.engine.get("max_model_len")
-        return int(override) if override else self.max_input_tokens + self.output_tokens
+def max_batch_size(job: JobSpec) -> int:
+    """The engine is built once per job, so it must admit the largest swept batch."""
+    return max(job.workload.batch_sizes)
 
 
-def job_options(spec: dict) -> JobOptions:
-    """JobOptions from a job spec (the dict rules/common.smk get_job_spec builds)."""
-    wl = spec["workload"]
-    return JobOptions(
-        job_id=str(spec.get("job_id", "")),
-        backend=spec["job"]["backend"],
-        dtype=spec["dtype"],
-        seed=int(spec["seed"]),
-        batch_sizes=tuple(int(b) for b in spec["batch_sizes"]),
-        max_input_tokens=int(wl["max_input_tokens"]),
-        output_tokens=int(wl["output_tokens"]),
-        engine={**ENGINE_DEFAULTS, **(spec.get("engine") or {})},
-    )
-
-
-def spec_of(ctx) -> dict:
-    """The job spec run.py passed in ``ctx.extra["spec"]``; a clear error if it did not."""
-    spec = (ctx.extra or {}).get("spec")
-    if spec is None:
-        raise RuntimeError(
-            "engine backends need the job spec: energysweep.run must call "
-            "dist.make_context(..., extra={'spec': spec})"
-        )
-    return spec
+def max_model_len(job: JobSpec) -> int:
+    """Longest sequence a request can reach: ``engine.max_model_len``, or (null) the prompt
+    (truncated) + the fixed output."""
+    if job.engine is not None and job.engine.max_model_len:
+        return int(job.engine.max_model_len)
+    return job.workload.max_input_tokens + job.workload.output_tokens
 
 
 class EngineBackend(Backend):
@@ -87,17 +43,24 @@ class EngineBackend(Backend):
     name = "engine"
     writes_requests = True  # close() writes requests.parquet (run.py writes an empty one else)
 
-    def __init__(self, ctx, opts: JobOptions):
+    def __init__(self, ctx, job: LaunchedJob):
         from transformers import AutoTokenizer
 
+        if job.engine is None:
+            raise ValueError(
+                f"{job.key.backend} jobs carry the config section `engine` "
+                "(energysweep.job.spec.JobSpec.from_config)"
+            )
         self.ctx = ctx
-        self.opts = opts
+        self.job = job
         self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_dir)
         self.requests: list[request_log.RequestRow] = []
         self._calls = 0
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
-        enc = self.tokenizer(prompts, truncation=True, max_length=self.opts.max_input_tokens)
+        enc = self.tokenizer(
+            prompts, truncation=True, max_length=self.job.workload.max_input_tokens
+        )
         return [list(ids) for ids in enc["input_ids"]]
 
     @staticmethod
@@ -129,8 +92,8 @@ class EngineBackend(Backend):
             ttft, tpot, source = t if t is not None else (None, None, "none")
             self.requests.append(
                 request_log.RequestRow(
-                    job_id=self.opts.job_id,
-                    backend=self.opts.backend,
+                    job_id=self.job.job_id,
+                    backend=self.job.key.backend,
                     dp_rank=self.ctx.coords.dp_rank,
                     call_index=call,
                     batch_size=len(batch),
@@ -141,24 +104,25 @@ class EngineBackend(Backend):
                     call_end_ns=end_ns,
                     ttft_s=ttft,
                     tpot_s=tpot,
-                    metrics_status="measured" if ttft is not None else "unavailable",
+                    metrics_status=(
+                        EnergyStatus.MEASURED if ttft is not None else EnergyStatus.UNAVAILABLE
+                    ),
                     metrics_source=source,
                 )
             )
 
-    def write_requests(self, spec: dict) -> None:
-        """Gather every process's request rows; process 0 writes ``requests.parquet``.
+    def write_requests(self) -> None:
+        """Gather every process's request rows; process 0 writes ``job.outputs.requests``.
 
         Collective: every process of the job calls it (from ``close``).
         """
         from energysweep import dist
 
         gathered = dist.gather(self.requests)
-        path = request_log.path_for(spec)
-        if self.ctx.rank == 0 and path is not None:
+        if self.ctx.rank == 0:
             rows = [r for part in gathered for r in part]
             rows.sort(key=lambda r: (r.dp_rank, r.call_index, r.request_index))
-            request_log.write(rows, path)
+            request_log.write(rows, self.job.outputs.requests)
 
     def synchronize(self) -> None:
         """The engines' generate calls return only when every request finished."""

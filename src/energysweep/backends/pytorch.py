@@ -37,8 +37,8 @@ class PyTorchBackend(Backend):
 
         self.ctx = ctx
         self.device = torch.device(ctx.device)
-        # ctx.extra["tp_mode"]: "local" (default) or "dtensor", see torchpp.tp.
-        self.model, _ = load_rank_stage(ctx, ctx.extra.get("tp_mode", "local"))
+        # ctx.tp_mode: "local" or "dtensor", see torchpp.tp.
+        self.model, _ = load_rank_stage(ctx, ctx.tp_mode)
         self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_dir)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
@@ -80,5 +80,6 @@ class PyTorchBackend(Backend):
             torch.cuda.empty_cache()
 
 
-def load_backend(ctx: RankContext) -> PyTorchBackend:
+def load_backend(ctx: RankContext, job) -> PyTorchBackend:
+    """The rank's backend; what it needs of the job (dtype, max_input_tokens) is in ``ctx``."""
     return PyTorchBackend(ctx)

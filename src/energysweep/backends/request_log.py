@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from energysweep.tables.requests import FILENAME, schema
+from energysweep.tables.requests import schema
 
 
 @dataclass
@@ -41,16 +41,6 @@ def tpot_s(first_token_s: float, last_token_s: float, output_tokens: int) -> flo
     if output_tokens < 2:
         return None
     return (last_token_s - first_token_s) / (output_tokens - 1)
-
-
-def path_for(spec: dict) -> Path | None:
-    """Where the job's request table goes: ``outputs["requests"]`` (a rule output, so the
-    launcher publishes it with the shards), else beside ``job.json``; None without outputs."""
-    outputs = spec.get("outputs", {})
-    if outputs.get("requests"):
-        return Path(outputs["requests"])
-    job_json = outputs.get("job_json")
-    return Path(job_json).parent / FILENAME if job_json else None
 
 
 def write(rows: list[RequestRow], path: str | Path) -> None:

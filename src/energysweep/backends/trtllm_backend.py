@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 
-from energysweep.backends.engine_common import EngineBackend, JobOptions, job_options, spec_of
+from energysweep.backends.engine_common import EngineBackend, max_batch_size, max_model_len
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.spec import JobSpec, LaunchedJob
 
 DOC_VERSION = (
     "1.2"  # TensorRT-LLM release the parameter names were taken for (not installable here)
@@ -33,19 +34,19 @@ DOC_VERSION = (
 METRICS_SOURCE = "tensorrt_llm CompletionOutput.request_perf_metrics.timing_metrics"
 
 
-def llm_kwargs(layout: ParallelLayout, model_dir: str, opts: JobOptions) -> dict:
+def llm_kwargs(job: JobSpec, model_dir: str) -> dict:
     """Keyword arguments of ``tensorrt_llm.LLM(...)`` for one replica."""
     return {
         "model": model_dir,
-        "tensor_parallel_size": layout.tp,
-        "pipeline_parallel_size": layout.pp,
-        "dtype": opts.dtype,
+        "tensor_parallel_size": job.layout.tp,
+        "pipeline_parallel_size": job.layout.pp,
+        "dtype": job.dtype,
         # We pass token ids and never read text back.
         "skip_tokenizer_init": True,
         # The engine is built once per job: it must admit the largest swept batch and the longest
         # sequence (truncated prompt + fixed output).
-        "max_batch_size": opts.max_batch_size,
-        "max_seq_len": opts.max_model_len,
+        "max_batch_size": max_batch_size(job),
+        "max_seq_len": max_model_len(job),
     }
 
 
@@ -99,13 +100,12 @@ class TrtllmBackend(EngineBackend):
 
     name = "tensorrt-llm"
 
-    def __init__(self, ctx, opts: JobOptions, spec: dict):
-        super().__init__(ctx, opts)
+    def __init__(self, ctx, job: LaunchedJob):
+        super().__init__(ctx, job)
         from tensorrt_llm import LLM, SamplingParams
 
-        self.spec = spec
-        self.gpus_per_node = int(spec.get("gpus_per_node") or ctx.layout.ranks_per_replica)
-        self.llm = LLM(**llm_kwargs(ctx.layout, ctx.model_dir, opts))
+        self.gpus_per_node = job.gpus_per_node
+        self.llm = LLM(**llm_kwargs(job, ctx.model_dir))
         self._sampling_cls = SamplingParams
 
     def generate(self, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -152,10 +152,9 @@ class TrtllmBackend(EngineBackend):
         )
 
     def close(self) -> None:
-        self.write_requests(self.spec)
+        self.write_requests()
         self.llm.shutdown()
 
 
-def load_backend(ctx) -> TrtllmBackend:
-    spec = spec_of(ctx)
-    return TrtllmBackend(ctx, job_options(spec), spec)
+def load_backend(ctx, job: LaunchedJob) -> TrtllmBackend:
+    return TrtllmBackend(ctx, job)

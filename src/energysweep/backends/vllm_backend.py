@@ -37,22 +37,21 @@ from __future__ import annotations
 
 import time
 
-from energysweep.backends.engine_common import EngineBackend, JobOptions, job_options, spec_of
-from energysweep.job.layout import ParallelLayout
+from energysweep.backends.engine_common import EngineBackend, max_batch_size, max_model_len
 from energysweep.job.names import segment_prefix
+from energysweep.job.spec import JobSpec, LaunchedJob
 
 TESTED_VERSION = "0.32.0"  # EngineArgs / SamplingParams field names checked against this
 METRICS_SOURCE = "vllm RequestOutput.metrics (first_token_latency, first/last_token_ts)"
 
 
-def engine_kwargs(
-    layout: ParallelLayout, model_dir: str, opts: JobOptions, on_gpu: bool = True
-) -> dict:
+def engine_kwargs(job: JobSpec, model_dir: str, on_gpu: bool) -> dict:
     """Keyword arguments of ``vllm.LLM(...)`` (all are ``EngineArgs`` fields) for one rank.
 
     ``on_gpu`` False (CPU ranks): no ``gpu_memory_utilization``; the KV cache size comes from
     ``VLLM_CPU_KVCACHE_SPACE`` (energysweep.launch.argv.backend_env).
     """
+    layout, engine = job.layout, job.engine
     kwargs = {
         "model": model_dir,
         # We pass token ids and never read text back: vLLM needs no tokenizer of its own.
@@ -62,12 +61,12 @@ def engine_kwargs(
         # dp replicas are vLLM's "external DP": the world is tp*pp*dp ranks, dp independent groups.
         "data_parallel_size": 1,
         "distributed_executor_backend": "external_launcher",
-        "dtype": opts.dtype,
-        "seed": opts.seed,
-        "max_num_seqs": opts.max_batch_size,
-        "max_model_len": opts.max_model_len,
-        "gpu_memory_utilization": float(opts.engine["gpu_memory_utilization"]),
-        "enforce_eager": bool(opts.engine["enforce_eager"]),
+        "dtype": job.dtype,
+        "seed": job.seed,
+        "max_num_seqs": max_batch_size(job),
+        "max_model_len": max_model_len(job),
+        "gpu_memory_utilization": float(engine.gpu_memory_utilization),
+        "enforce_eager": bool(engine.enforce_eager),
         "disable_log_stats": False,
     }
     if not on_gpu:
@@ -176,17 +175,16 @@ class VllmBackend(EngineBackend):
 
     name = "vllm"
 
-    def __init__(self, ctx, opts: JobOptions, spec: dict):
-        super().__init__(ctx, opts)
+    def __init__(self, ctx, job: LaunchedJob):
+        super().__init__(ctx, job)
         t0 = time.perf_counter()
         import vllm
         from vllm import LLM, SamplingParams
 
         t1 = time.perf_counter()
-        self.spec = spec
-        name_segments_per_job(segment_prefix(spec["job_id"]))
+        name_segments_per_job(segment_prefix(job.job_id))
         on_gpu = ctx.device.startswith("cuda")
-        self.llm = LLM(**engine_kwargs(ctx.layout, ctx.model_dir, opts, on_gpu=on_gpu))
+        self.llm = LLM(**engine_kwargs(job, ctx.model_dir, on_gpu=on_gpu))
         t2 = time.perf_counter()
         self._sampling_cls = SamplingParams
         self.startup = startup_record(vllm.__version__, t1 - t0, t2 - t1, self.llm)
@@ -213,7 +211,7 @@ class VllmBackend(EngineBackend):
             torch.cuda.synchronize(torch.device(self.ctx.device))
 
     def close(self) -> None:
-        self.write_requests(self.spec)
+        self.write_requests()
         del self.llm
         try:
             # vLLM's TP/PP groups; the world group stays for energysweep.run's last barrier.
@@ -224,6 +222,5 @@ class VllmBackend(EngineBackend):
             print(f"vllm teardown: {type(exc).__name__}: {exc}")
 
 
-def load_backend(ctx) -> VllmBackend:
-    spec = spec_of(ctx)
-    return VllmBackend(ctx, job_options(spec), spec)
+def load_backend(ctx, job: LaunchedJob) -> VllmBackend:
+    return VllmBackend(ctx, job)

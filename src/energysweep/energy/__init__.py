@@ -26,12 +26,6 @@ from __future__ import annotations
 import os
 
 from energysweep.energy.base import (
-    STATUS_MEASURED,
-    STATUS_NOT_MEASURED,
-    STATUS_NOT_READ,
-    STATUS_NOT_REQUESTED,
-    STATUS_SHORT_WINDOW,
-    STATUS_UNAVAILABLE,
     EnergySource,
     GpuReading,
     HostReading,
@@ -43,12 +37,6 @@ from energysweep.energy.unavailable import UnavailableSource
 
 __all__ = [
     "GPU_SOURCES",
-    "STATUS_MEASURED",
-    "STATUS_NOT_MEASURED",
-    "STATUS_NOT_READ",
-    "STATUS_NOT_REQUESTED",
-    "STATUS_SHORT_WINDOW",
-    "STATUS_UNAVAILABLE",
     "CpuTime",
     "EnergySource",
     "GpuReading",

@@ -3,7 +3,7 @@
 A source measures *windows*: ``begin()`` at the window's start edge, ``end()`` at its end edge.
 GPU sources return one :class:`GpuReading` per GPU they measured, host sources one
 :class:`HostReading` per node. Where nothing could be measured a reading's energy is ``None``
-and its ``status`` says why: never 0.
+and its ``status`` (:class:`energysweep.tables.status.EnergyStatus`) says why: never 0.
 """
 
 from __future__ import annotations
@@ -13,16 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-STATUS_MEASURED = "measured"
-STATUS_UNAVAILABLE = "unavailable"
-# The counter moved less often than the window was long: the value may read 0 J or one tick.
-STATUS_SHORT_WINDOW = "short-window"
-# Zeus columns of rows whose source is not cross-check (nothing was asked of Zeus).
-STATUS_NOT_REQUESTED = "not-requested"
-# Host energy columns of ranks other than local rank 0 (the host is read once per node).
-STATUS_NOT_READ = "not-read"
-# Job-level measurements (idle baseline, host energy) that a scenario does not take.
-STATUS_NOT_MEASURED = "not-measured"
+from energysweep.tables.status import EnergyStatus
 
 
 @dataclass
@@ -39,7 +30,7 @@ class GpuReading:
     detail: str = ""
     # Cross-check only: Zeus's figure for the same GPU and window.
     energy_mj_zeus: float | None = None
-    zeus_status: str = STATUS_NOT_REQUESTED
+    zeus_status: str = EnergyStatus.NOT_REQUESTED
     # Which source produced the reading (the shard column energy_source).
     source: str = "none"
 

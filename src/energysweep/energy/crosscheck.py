@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from energysweep.energy.base import STATUS_UNAVAILABLE, EnergySource, GpuReading
+from energysweep.energy.base import EnergySource, GpuReading
+from energysweep.tables.status import EnergyStatus
 
 
 class CrossCheckSource(EnergySource[list[GpuReading]]):
@@ -28,7 +29,7 @@ class CrossCheckSource(EnergySource[list[GpuReading]]):
         for r in readings:
             z = by_uuid.get(r.gpu_uuid)
             if z is None:
-                r.zeus_status = STATUS_UNAVAILABLE
+                r.zeus_status = EnergyStatus.UNAVAILABLE
                 r.detail = "; ".join(filter(None, [r.detail, "zeus did not report this GPU"]))
             else:
                 r.energy_mj_zeus = z.energy_mj

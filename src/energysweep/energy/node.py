@@ -13,14 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from energysweep.energy.base import (
-    STATUS_MEASURED,
-    STATUS_NOT_READ,
-    STATUS_SHORT_WINDOW,
-    STATUS_UNAVAILABLE,
-    wall_ns,
-)
+from energysweep.energy.base import wall_ns
 from energysweep.hw import node_meter
+from energysweep.tables.status import EnergyStatus
 
 METHOD = "slurm-sstat-consumed-energy"
 
@@ -28,7 +23,7 @@ METHOD = "slurm-sstat-consumed-energy"
 @dataclass
 class NodeReading:
     energy_mj: float | None
-    status: str
+    status: EnergyStatus
     method: str
     detail: str | None
 
@@ -44,24 +39,24 @@ class NodeSource:
         self.period_s = None
         self._start = self._start_ns = None
         if rank != 0:
-            self.status, self.reason = STATUS_NOT_READ, "global rank 0 reads the step's nodes"
+            self.status, self.reason = EnergyStatus.NOT_READ, "global rank 0 reads the step's nodes"
             return
-        self.status = STATUS_UNAVAILABLE
+        self.status = EnergyStatus.UNAVAILABLE
         if not (self.job and self.step):
             self.reason = "not a Slurm job step: no node energy accounting to read"
         else:
-            cfg = node_meter.slurm_config() if config is None else config
-            plugin, self.period_s = node_meter.energy_gathering(cfg)
+            slurm_cfg = node_meter.slurm_config() if config is None else config
+            plugin, self.period_s = node_meter.energy_gathering(slurm_cfg)
             if plugin is None:
                 self.reason = (
                     "the site gathers no node energy (AcctGatherEnergyType="
-                    f"{cfg.get('AcctGatherEnergyType', 'unknown')}); Slurm would report 0"
+                    f"{slurm_cfg.get('AcctGatherEnergyType', 'unknown')}); Slurm would report 0"
                 )
             elif node_meter.step_energy_j(self.job, self.step) is None:
                 self.reason = f"sstat shows no ConsumedEnergyRaw for step {self.job}.{self.step}"
             else:
-                self.status, self.method_detail = STATUS_MEASURED, plugin
-        if self.status == STATUS_UNAVAILABLE:
+                self.status, self.method_detail = EnergyStatus.MEASURED, plugin
+        if self.status == EnergyStatus.UNAVAILABLE:
             device = node_meter.ipmi_device()
             self.reason += (
                 f"; IPMI device {device} is readable, but energysweep reads IPMI only through "
@@ -72,7 +67,7 @@ class NodeSource:
 
     @property
     def available(self) -> bool:
-        return self.status == STATUS_MEASURED
+        return self.status == EnergyStatus.MEASURED
 
     def begin(self) -> None:
         if self.available:
@@ -87,13 +82,13 @@ class NodeSource:
         if self._start is None or stop is None or stop < self._start:
             return NodeReading(
                 None,
-                STATUS_UNAVAILABLE,
+                EnergyStatus.UNAVAILABLE,
                 METHOD,
                 f"sstat read failed or went back ({self._start} -> {stop} J)",
             )
         detail = f"Slurm {self.method_detail}, step {self.job}.{self.step}"
-        status = STATUS_MEASURED
+        status = EnergyStatus.MEASURED
         if self.period_s and duration_s < self.period_s:
-            status = STATUS_SHORT_WINDOW
+            status = EnergyStatus.SHORT_WINDOW
             detail += f"; window {duration_s:.1f} s < AcctGatherNodeFreq {self.period_s:g} s"
         return NodeReading((stop - self._start) * 1e3, status, METHOD, detail)

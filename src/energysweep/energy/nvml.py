@@ -10,13 +10,12 @@ Facts this relies on (see the README's methodology section):
 from __future__ import annotations
 
 from energysweep.energy.base import (
-    STATUS_MEASURED,
-    STATUS_SHORT_WINDOW,
     EnergySource,
     GpuReading,
     wall_ns,
 )
 from energysweep.hw import nvml as hw_nvml
+from energysweep.tables.status import EnergyStatus
 
 METHOD = "nvml-total-energy-counter"
 # Below this window length the counter may not have ticked (datacenter update period ~100 ms).
@@ -39,7 +38,7 @@ def window_reading(
         gpu["pci"],
         gpu["name"],
         energy_mj,
-        STATUS_SHORT_WINDOW if short else STATUS_MEASURED,
+        EnergyStatus.SHORT_WINDOW if short else EnergyStatus.MEASURED,
         method,
         f"window {duration_ns / 1e6:.1f} ms < counter update period" if short else "",
         source=source,

@@ -10,14 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from energysweep.energy.base import (
-    STATUS_MEASURED,
-    STATUS_NOT_READ,
-    STATUS_UNAVAILABLE,
     EnergySource,
     HostReading,
     wall_ns,
 )
 from energysweep.hw.rapl import POWERCAP, delta_uj, find_zones
+from energysweep.tables.status import EnergyStatus
 
 METHOD = "rapl-powercap"
 HOST_SOURCES = ("auto", "rapl", "none")
@@ -60,7 +58,7 @@ class RaplSource(EnergySource[HostReading]):
         return HostReading(
             pkg / 1e3,
             dram / 1e3 if self.drams else None,
-            STATUS_MEASURED,
+            EnergyStatus.MEASURED,
             METHOD,
             f"zones {names}" + (" + dram" if self.drams else "; no dram zone"),
         )
@@ -102,10 +100,10 @@ def make_host_source(kind: str, local_rank: int, root: Path = POWERCAP):
         raise ValueError(f"measurement.host_energy_source {kind!r}: expected one of {HOST_SOURCES}")
     if kind == "none":
         return UnavailableHostSource(
-            STATUS_UNAVAILABLE, "host energy disabled (measurement.host_energy_source: none)"
+            EnergyStatus.UNAVAILABLE, "host energy disabled (measurement.host_energy_source: none)"
         )
     if local_rank != 0:
-        return UnavailableHostSource(STATUS_NOT_READ, "read by local rank 0 of this host")
+        return UnavailableHostSource(EnergyStatus.NOT_READ, "read by local rank 0 of this host")
     try:
         return RaplSource(root)
     except (OSError, ValueError) as exc:
@@ -119,4 +117,4 @@ def make_host_source(kind: str, local_rank: int, root: Path = POWERCAP):
             if isinstance(exc, PermissionError) and exc.filename
             else f"RAPL not available: {exc}"
         )
-        return UnavailableHostSource(STATUS_UNAVAILABLE, reason)
+        return UnavailableHostSource(EnergyStatus.UNAVAILABLE, reason)

@@ -13,9 +13,10 @@ and a GPU shared by two ranks shows up under both ranks (rows carry ``rank``; de
 the thread does not stall the rank's Python; the overhead is measured in
 bench/sampler_overhead.py.
 
-Rank 0 gathers every rank's samples and writes ``power.parquet`` next to ``job.json``. The file is
-always written: without a GPU (or with ``measurement.sampler_hz: 0``) it holds one row per rank
-with ``status`` saying why and null measurements.
+Rank 0 gathers every rank's samples and writes them to ``job.outputs.power`` (``JobDir.power``,
+``power.parquet`` beside ``job.json``). The file is always written: without a GPU (or with
+``measurement.sampler_hz: 0``) it holds one row per rank with ``status`` saying why and null
+measurements.
 """
 
 from __future__ import annotations
@@ -26,12 +27,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from energysweep.energy.base import STATUS_MEASURED, STATUS_UNAVAILABLE
 from energysweep.hw import nvml as hw_nvml
 from energysweep.tables.power import SCHEMA as POWER_SCHEMA
-
-STATUS_DISABLED = "disabled"
-STATUS_ERROR = "error"
+from energysweep.tables.status import EnergyStatus
 
 
 class PowerSampler:
@@ -47,16 +45,20 @@ class PowerSampler:
         self._gpus: list[tuple[str, int, object]] = []
         self.thread_cpu_s = 0.0
         if self.hz <= 0:
-            self._status_rows.append(self._status(STATUS_DISABLED, "measurement.sampler_hz is 0"))
+            self._status_rows.append(
+                self._status(EnergyStatus.DISABLED, "measurement.sampler_hz is 0")
+            )
             return
         if not gpu_uuids:
-            self._status_rows.append(self._status(STATUS_UNAVAILABLE, "no GPU in use"))
+            self._status_rows.append(self._status(EnergyStatus.UNAVAILABLE, "no GPU in use"))
             return
         try:
             hw_nvml.init()
         except Exception as exc:  # NVMLError subclasses: missing driver, no permission
             self._status_rows.append(
-                self._status(STATUS_UNAVAILABLE, f"NVML unavailable: {type(exc).__name__}: {exc}")
+                self._status(
+                    EnergyStatus.UNAVAILABLE, f"NVML unavailable: {type(exc).__name__}: {exc}"
+                )
             )
             return
         try:
@@ -67,7 +69,9 @@ class PowerSampler:
             hw_nvml.shutdown()
             self._gpus = []
             self._status_rows.append(
-                self._status(STATUS_UNAVAILABLE, f"GPU not found by NVML: {type(exc).__name__}")
+                self._status(
+                    EnergyStatus.UNAVAILABLE, f"GPU not found by NVML: {type(exc).__name__}"
+                )
             )
 
     def _status(self, status: str, detail: str) -> dict:
@@ -94,10 +98,10 @@ class PowerSampler:
             row = {**self.base, "gpu_uuid": uuid, "gpu_index": index, "time_ns": now}
             try:
                 row["power_mw"] = hw_nvml.power_mw(handle)
-                row["status"], row["detail"] = STATUS_MEASURED, None
+                row["status"], row["detail"] = EnergyStatus.MEASURED, None
             except Exception as exc:
                 row["power_mw"] = None
-                row["status"], row["detail"] = STATUS_ERROR, f"{type(exc).__name__}: {exc}"
+                row["status"], row["detail"] = EnergyStatus.ERROR, f"{type(exc).__name__}: {exc}"
             try:
                 row["energy_counter_mj"] = hw_nvml.energy_mj(handle)
             except Exception:

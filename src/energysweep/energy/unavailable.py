@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from energysweep.energy.base import STATUS_UNAVAILABLE, EnergySource, GpuReading
+from energysweep.energy.base import EnergySource, GpuReading
+from energysweep.tables.status import EnergyStatus
 
 
 class UnavailableSource(EnergySource[list[GpuReading]]):
@@ -20,5 +21,7 @@ class UnavailableSource(EnergySource[list[GpuReading]]):
 
     def end(self) -> list[GpuReading]:
         return [
-            GpuReading(None, None, None, None, None, STATUS_UNAVAILABLE, self.method, self.reason)
+            GpuReading(
+                None, None, None, None, None, EnergyStatus.UNAVAILABLE, self.method, self.reason
+            )
         ]

@@ -6,7 +6,8 @@ sums to null rather than to a partial total presented as the whole.
 
 from __future__ import annotations
 
-from energysweep.energy.base import STATUS_UNAVAILABLE, EnergySource, GpuReading
+from energysweep.energy.base import EnergySource, GpuReading
+from energysweep.tables.status import EnergyStatus
 
 
 class WithUnreadable(EnergySource[list[GpuReading]]):
@@ -24,7 +25,7 @@ class WithUnreadable(EnergySource[list[GpuReading]]):
     def end(self) -> list[GpuReading]:
         method = getattr(self.inner, "name", "nvml")
         extra = [
-            GpuReading(None, None, None, None, None, STATUS_UNAVAILABLE, method, self.reason)
+            GpuReading(None, None, None, None, None, EnergyStatus.UNAVAILABLE, method, self.reason)
             for _ in range(self.missing)
         ]
         return self.inner.end() + extra

@@ -26,6 +26,7 @@ from energysweep.figures.sweeps import (
     training,
 )
 from energysweep.figures.timeline import power_timeline
+from energysweep.tables.io import atomic_path
 
 # Output stem -> the question it answers (report order).
 FIGURES = {
@@ -63,8 +64,5 @@ __all__ = [
 
 def save(fig: Figure, out: str | Path, dpi: int = 110) -> None:
     """Write ``fig`` as PNG (atomically: a reader never sees half a file)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    fig.savefig(tmp, dpi=dpi, format="png")
-    tmp.replace(out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")

@@ -15,10 +15,11 @@ import pandas as pd
 from energysweep.aggregate.bootstrap import bootstrap_ci
 from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS
+from energysweep.tables.status import Status
 
 LAYOUT_KEYS = ["tp", "pp", "dp"]
 # The GPU setting of a point (a point key since shard schema v4); absent in older tables.
-SETTING_KEYS = ["gpu_power_limit_request", "gpu_clock_request"]
+SETTING_KEYS = ["power_limit_w", "gpu_clock"]
 
 
 def with_setting_keys(frame: pd.DataFrame) -> pd.DataFrame:
@@ -32,8 +33,8 @@ def with_setting_keys(frame: pd.DataFrame) -> pd.DataFrame:
 def setting_label(frame: pd.DataFrame) -> pd.Series:
     """Per row the GPU setting as a reader says it: ``node default`` or ``300 W, medium``."""
     f = with_setting_keys(frame)
-    power = f["gpu_power_limit_request"].astype(str)
-    clock = f["gpu_clock_request"].astype(str)
+    power = f["power_limit_w"].astype(str)
+    clock = f["gpu_clock"].astype(str)
     parts = pd.DataFrame(
         {
             "p": power.where(power == "unset", power + " W").replace("unset", ""),
@@ -83,7 +84,7 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     The summary has these only as medians without a CI (or not at all for training), so they
     are derived here from the same windows the summary came from, with the same CI method.
     """
-    head = windows[windows["phase"].isin(HEADLINE_PHASES) & windows["status"].eq("ok")]
+    head = windows[windows["phase"].isin(HEADLINE_PHASES) & windows["status"].eq(Status.OK)]
     if head.empty:
         return summary
     head = with_setting_keys(head)

@@ -17,8 +17,8 @@ NO_SETTING = "no GPU setting swept (gpu.power_limit_w and gpu.clock are empty): 
 def _order(frame: pd.DataFrame) -> pd.DataFrame:
     """Settings in reading order: the node default first, then by power limit, then clock."""
     f = with_setting_keys(frame)
-    watts = pd.to_numeric(f["gpu_power_limit_request"], errors="coerce")
-    return f.assign(_w=watts.fillna(-1.0), _c=f["gpu_clock_request"].astype(str))
+    watts = pd.to_numeric(f["power_limit_w"], errors="coerce")
+    return f.assign(_w=watts.fillna(-1.0), _c=f["gpu_clock"].astype(str))
 
 
 def settings_of(s: pd.DataFrame) -> list[str]:

@@ -25,16 +25,14 @@ from energysweep.figures import (
     timeline,
     training,
 )
-from energysweep.tables.power import FILENAME as POWER_FILE
+from energysweep.job.gpu_request import SETTING_AXES
+from energysweep.job.spec import JOB_KEYS, JobDir, JobKey
 
+# The energy table's columns the power timeline reads: the job's keys (the GPU setting axes
+# among them), its windows and their edges.
 ENERGY_COLUMNS = [
     "job_id",
-    "model",
-    "backend",
-    "scenario",
-    "tp",
-    "pp",
-    "dp",
+    *JOB_KEYS,
     "batch_size",
     "repetition",
     "phase",
@@ -47,28 +45,26 @@ ENERGY_COLUMNS = [
 
 
 def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The power.parquet (next to job.json) of the jobs the timeline draws, concatenated.
+    """The power timelines (``JobDir.power``) of the jobs the timeline draws, concatenated.
 
     With ``energy`` only the first :data:`timeline.MAX_JOBS` jobs in the timeline's order are
-    read (their directories are ``.../model~m/backend~b/scenario~s/tp~t/pp~p/dp~d``), so a sweep
-    of thousands of jobs does not read thousands of files for twelve panels.
+    read (their directories end in :meth:`JobKey.params_path`), so a sweep of thousands of jobs
+    does not read thousands of files for twelve panels.
     """
     if energy is not None and len(energy):
         shown = timeline.job_order(timeline.job_windows(energy)).head(timeline.MAX_JOBS)
         dirs = {
-            f"model~{r.model}/backend~{r.backend}/scenario~{r.scenario}/tp~{r.tp}/"
-            f"pp~{r.pp}/dp~{r.dp}"
+            JobKey.from_strings(
+                {k: getattr(r, k) for k in JOB_KEYS if k not in SETTING_AXES}
+            ).params_path()
             for r in shown.itertuples()
         }
         # A job directory ends with its layout, or continues with its GPU setting's parts.
         job_records = [
             j for j in job_records if any(f"{d}/" in f"{Path(j).parent.as_posix()}/" for d in dirs)
         ]
-    frames = [
-        pd.read_parquet(Path(j).parent / POWER_FILE)
-        for j in job_records
-        if (Path(j).parent / POWER_FILE).is_file()
-    ]
+    power_files = [Path(JobDir.of(j).power) for j in job_records]
+    frames = [pd.read_parquet(p) for p in power_files if p.is_file()]
     frames = [f for f in frames if len(f)]
     return (
         pd.concat(frames, ignore_index=True)

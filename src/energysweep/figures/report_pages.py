@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from energysweep.tables.io import write_text_atomic
 from energysweep.tables.shards import POINT_KEYS
 
 # Shown first, in this order; every other summary column follows.
@@ -153,7 +154,7 @@ def _sweep_facts(env: pd.DataFrame, record: dict) -> pd.DataFrame:
     """The sweep's hash, code version and counts of jobs and distinct GPUs."""
     return pd.DataFrame(
         [
-            {"item": "config hash (sweep)", "value": record.get("config_hash")},
+            {"item": "sweep hash", "value": record.get("sweep_hash")},
             {"item": "code version", "value": record.get("code_version")},
             {"item": "jobs", "value": len(env["job_id"].unique()) if "job_id" in env else 0},
             {
@@ -170,12 +171,12 @@ def environment_page(
     skipped: pd.DataFrame | None = None,
     jobs: pd.DataFrame | None = None,
 ) -> str:
-    """What a methods section needs: config hash, code version, GPUs, driver, engine versions,
+    """What a methods section needs: sweep hash, code version, GPUs, driver, engine versions,
     hosts, jobs and the validated config.
 
     Args:
         env: results/environment.parquet (one row per job and GPU).
-        record: results/config.yaml (``config_hash``, ``code_version``, ``config``).
+        record: results/config.yaml (``sweep_hash``, ``code_version``, ``config``).
         skipped: results/grid/skipped.tsv (grid points not run, with the reason).
         jobs: results/grid/jobs.tsv.
     """
@@ -213,14 +214,6 @@ def environment_page(
     return _page("energysweep environment", "".join(parts))
 
 
-def _write(text: str, out: str | Path) -> None:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
-
-
 def write_pages(
     summary_csv: str | Path,
     environment_parquet: str | Path,
@@ -236,5 +229,5 @@ def write_pages(
     record = yaml.safe_load(Path(config_yaml).read_text()) or {}
     jobs = pd.read_csv(jobs_tsv, sep="\t")
     skipped = pd.read_csv(skipped_tsv, sep="\t")
-    _write(summary_page(summary), summary_out)
-    _write(environment_page(env, record, skipped, jobs), environment_out)
+    write_text_atomic(summary_page(summary), summary_out)
+    write_text_atomic(environment_page(env, record, skipped, jobs), environment_out)

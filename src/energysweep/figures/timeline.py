@@ -11,6 +11,7 @@ from matplotlib.patches import Patch
 
 import energysweep.figures.draw as draw
 from energysweep.figures.style import PHASE_COLOURS, layout_name
+from energysweep.job.spec import JOB_KEYS
 from energysweep.tables.phases import Phase
 
 MAX_JOBS = 12  # one figure stays readable; every sample is in the jobs' power.parquet files
@@ -24,7 +25,7 @@ def job_windows(energy: pd.DataFrame) -> pd.DataFrame:
     Edges are the earliest start and latest end over the window's rows (all ranks).
     """
     ok = energy[energy["window_start_ns"].notna() & energy["window_end_ns"].notna()]
-    keys = ["model", "backend", "scenario", "tp", "pp", "dp", *WINDOW_KEYS]
+    keys = [*JOB_KEYS, *WINDOW_KEYS]
     w = (
         ok.groupby(keys, sort=True, dropna=False)
         .agg(
@@ -42,7 +43,7 @@ def job_windows(energy: pd.DataFrame) -> pd.DataFrame:
 def job_order(wins: pd.DataFrame) -> pd.DataFrame:
     """One row per job (its keys), in reading order: scenario, backend, model, tp, pp, dp —
     not by the jobs' random ids. The timeline draws the first :data:`MAX_JOBS`."""
-    keys = ["job_id", "model", "backend", "scenario", "tp", "pp", "dp"]
+    keys = ["job_id", *JOB_KEYS]
     return (
         wins[keys]
         .drop_duplicates("job_id")
@@ -107,7 +108,7 @@ def power_timeline(power: pd.DataFrame, energy: pd.DataFrame) -> Figure:
     if len(jobs) > len(shown):
         footer.append(
             f"{len(shown)} of {len(jobs)} jobs shown; every job's samples are in its "
-            "power.parquet next to job.json"
+            "power.parquet (results/shards/<job>/)"
         )
     if footer:
         draw.figure_note(fig, "\n".join(footer))

@@ -206,8 +206,8 @@ def max_sm_clock_mhz(handle) -> int:
 
 
 # ---------------------------------------------------------------------------- settings
-# Power limits and applications clocks (the logic: energysweep.hw.gpu_settings). Setters need root
-# or a site that grants them (else NVMLError_NoPermission); a value out of range raises
+# Power limits and applications clocks (the logic: energysweep.measure.gpu_settings). Setters
+# need root or a site that grants them (else NVMLError_NoPermission); a value out of range raises
 # NVMLError_InvalidArgument. Clocks are the *applications* clocks, which Slurm's --gpu-freq sets.
 def power_limit_mw(handle, enforced: bool = False) -> int:
     """The power limit set on the GPU (mW), or the one it ``enforced`` (the lowest of all caps)."""

@@ -1,15 +1,31 @@
-"""One job's spec and its directory: what a job's ranks need, and where every output goes.
+"""One job, typed on both sides of the launch: :class:`JobSpec`, :class:`LaunchedJob`, JobDir.
 
-:class:`JobSpec` is built once from the config (rules/common.smk ``get_job_spec``), completed by
-the measure step with the model directory and output paths (scripts/measure.py), and written by
-the launcher as the ``.spec.json`` file the ranks read. Its JSON form (:meth:`JobSpec.to_dict`) is
-the dict the ranks index (``spec["job"]["tp"]``, ``spec["outputs"]["job_json"]``, ...).
+:class:`JobSpec` is what determines a job's numbers: its :class:`JobKey` (model, backend,
+scenario, tp, pp, dp, and the GPU setting axes power_limit_w and gpu_clock where the sweep has
+them) and the config sections it carries (:mod:`energysweep.job.sections`). It
+is built once from the validated config (:meth:`JobSpec.from_config`, rules/common.smk
+``get_job_spec``), travels to the measure step as JSON, and is completed there by the launcher
+(:meth:`JobSpec.launched`) with what only the run knows: the checkpoint directory, the output
+paths, the limits, the job id, its config hash, the code version and the launch argv. The launcher
+writes that :class:`LaunchedJob` to ``JobDir.spec_file``; every rank loads it back into the same
+dataclasses (:meth:`LaunchedJob.load`, which refuses unknown or missing keys) and reads it by
+attribute::
 
-:class:`JobDir` knows every path of one job's directory (``results/shards/<params>``).
+    job = LaunchedJob.load(path)
+    job.measurement.sampler_hz      # config measurement.sampler_hz, default filled by the schema
+    job.workload.repetitions
+    job.outputs.power               # a path from JobDir, never spelled elsewhere
+    job.placement.launch_mode       # computed once, on the job
 
-Two hashes, two names: :func:`energysweep.sweep.config.sweep_hash` is the whole config's (the
-``config_hash`` of ``results/config.yaml``); :func:`settings_hash` is one job's settings, i.e.
-its spec without outputs, job id and limits (the ``config_hash`` column of shards and job.json).
+:class:`JobDir` knows every file name of one job's directory (``results/shards/<params>``).
+
+Two hashes, one name each: ``config_hash`` is one job's: :func:`config_hash`
+of its :class:`JobSpec` (the ``config_hash`` column of shards, job.json and the summary); rows of
+jobs that ran the same settings share it. ``sweep_hash`` is the whole validated config's
+(:func:`energysweep.sweep.config.sweep_hash`, stored in results/config.yaml). Neither covers a
+location: the checkpoint directory the run resolved (``model_dir``) is not a setting, and every
+path a setting names enters a hash as its last component only (:func:`portable_path`), so two
+checkouts of the same sweep hash alike.
 """
 
 from __future__ import annotations
@@ -19,133 +35,309 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cached_property
+from pathlib import Path, PurePath
 
 from energysweep.job.backends import BACKENDS
-from energysweep.job.gpu_request import GpuRequest
+from energysweep.job.gpu_request import SETTING_AXES, UNSET, GpuRequest
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
+from energysweep.job.sections import (
+    Engine,
+    Gpu,
+    Limits,
+    Measurement,
+    ModelEntry,
+    Training,
+    Workload,
+    as_dict,
+    load_section,
+)
 
-# Keys the launcher adds to a spec that do not determine the job's numbers (settings_hash).
-NOT_SETTINGS = ("outputs", "job_id", "limits")
+
+@dataclass(frozen=True)
+class JobKey:
+    """Which job of the grid this is: the key of its directory, its rows and its record.
+
+    ``power_limit_w`` and ``gpu_clock`` are the GPU setting axes (config gpu.power_limit_w,
+    gpu.clock) as text (:func:`energysweep.job.gpu_request.axis_text`: ``300``, ``medium``, or
+    ``unset`` for a swept null). None where the sweep has no such axis: the key then has no path
+    part for it, so a sweep without the axes keeps its paths; its rows still say ``unset``
+    (:meth:`columns`).
+    """
+
+    model: str
+    backend: str
+    scenario: str
+    tp: int
+    pp: int
+    dp: int
+    power_limit_w: str | None = None
+    gpu_clock: str | None = None
+
+    @classmethod
+    def from_strings(cls, values) -> JobKey:
+        """From Snakemake wildcards or another mapping of strings (the degrees become ints); a
+        setting axis the mapping lacks is not in the sweep (None)."""
+        values = dict(values.items())
+        return cls(
+            **{k: int(values[k]) if k in LAYOUT_KEYS else str(values[k])
+               for k in JOB_KEYS if k not in SETTING_AXES},
+            **{k: None if values.get(k) is None else str(values[k]) for k in SETTING_AXES},
+        )  # fmt: skip
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> JobKey:
+        """The key of a job directory (its ``key~value`` parts: :meth:`params_path`)."""
+        parts = dict(p.split("~", 1) for p in Path(path).parts if "~" in p)
+        return cls.from_strings({k: v for k, v in parts.items() if k in JOB_KEYS})
+
+    @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(self.tp, self.pp, self.dp)
+
+    def placement_on(self, gpus_per_node: int | None) -> Placement:
+        """This job's backend running its layout on nodes of ``gpus_per_node`` GPUs.
+
+        The one place a :class:`Placement` is made: a job reads :attr:`JobSpec.placement`.
+        """
+        return Placement(self.layout, self.backend, gpus_per_node)
+
+    def wildcards(self) -> dict[str, str]:
+        """The key as Snakemake wildcards (its output paths' ``model~m/.../dp~1``, then the
+        setting axes the sweep has)."""
+        return {k: str(v) for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def columns(self) -> dict[str, str | int]:
+        """The key as its rows' columns (every :data:`JOB_KEYS` column; an axis the sweep does
+        not have is ``unset``: the GPU as the node has it)."""
+        return {k: UNSET if v is None else v for k, v in dataclasses.asdict(self).items()}
+
+    def gpu_request(self, power_limit_method: str | None) -> GpuRequest | None:
+        """The key's GPU setting, typed (None: the job changes no GPU setting)."""
+        return GpuRequest.of_key(self.power_limit_w, self.gpu_clock, power_limit_method)
+
+    def params_path(self) -> str:
+        """``model~m/backend~b/scenario~s/tp~1/pp~1/dp~1``: the job's directory under
+        results/shards (Snakemake's Paramspace pattern of these wildcards)."""
+        return "/".join(f"{k}~{v}" for k, v in self.wildcards().items())
+
+    def label(self) -> str:
+        """``model=m backend=b ... dp=1``, for messages."""
+        return " ".join(f"{k}={v}" for k, v in self.wildcards().items())
+
+
+# The job-key columns, in order: of the grid tables, the shards (tables.shards.POINT_KEYS) and
+# every output path. Written here only.
+JOB_KEYS = tuple(f.name for f in dataclasses.fields(JobKey))
+LAYOUT_KEYS = ("tp", "pp", "dp")
+
+
+def portable_path(path: str) -> str:
+    """A path as it enters a hash: its last component (``builtin`` values have none).
+
+    A hash that should match across checkouts and machines must not hold where a file lies.
+    """
+    return PurePath(path).name if "/" in path else path
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """Everything a job's ranks need, as data (field order = the JSON key order).
+    """What determines one job's numbers; field order is the JSON key order.
 
-    ``training`` is carried by training jobs only and ``engine`` by engine backends' jobs only,
-    so those settings do not change the other jobs' :func:`settings_hash`; ``gpu`` (the job's
-    power limit and clocks, :class:`energysweep.job.gpu_request.GpuRequest` as a dict) only by
-    jobs that set one. ``model_dir`` and
-    ``outputs`` are None until the measure step knows them (:meth:`with_run`).
+    ``training`` is None except on training jobs and ``engine`` None except on engine backends'
+    jobs, and ``power_limit_method`` (config gpu.power_limit_method) None except on jobs that set
+    a power limit, so those settings do not change the other jobs' :func:`config_hash`. The job's
+    GPU setting itself is in its key (:attr:`gpu`).
     """
 
-    job: dict
+    key: JobKey
     dtype: str
     seed: int
-    workload: dict
-    measurement: dict
-    training: dict | None = None
-    batch_sizes: list[int]
-    model_entry: dict
     gpus_per_node: int
-    engine: dict | None = None
-    gpu: dict | None = None
-    model_dir: str | None = None
-    outputs: dict | None = None
+    model_entry: ModelEntry
+    workload: Workload
+    measurement: Measurement
+    training: Training | None
+    engine: Engine | None
+    power_limit_method: str | None
 
     @classmethod
-    def from_config(
-        cls,
-        config: dict,
-        model: str,
-        backend: str,
-        scenario: str,
-        tp: int,
-        pp: int,
-        dp: int,
-        gpu: dict | None = None,
-    ) -> JobSpec:
-        """The spec of one grid job of a validated (defaults-filled) config.
-
-        Args:
-            gpu: the job's setting, ``{"power_limit_w", "clock"}`` (energysweep.sweep.settings
-                .request); None: the job changes no GPU setting.
-        """
-        entry = next(m for m in config["models"] if m["name"] == model)
-        request = None
-        if gpu is not None:
-            request = GpuRequest(
-                power_limit_w=gpu["power_limit_w"],
-                clock=gpu["clock"],
-                power_limit_method=config["gpu"]["power_limit_method"],
-            ).to_dict()
+    def from_config(cls, config: dict, key: JobKey) -> JobSpec:
+        """The spec of grid job ``key`` of a validated (defaults-filled) config."""
+        entry = next(m for m in config["models"] if m["name"] == key.model)
+        training = key.scenario == "training"
+        sets_power = key.power_limit_w not in (None, UNSET)
         return cls(
-            job={"model": model, "backend": backend, "scenario": scenario,
-                 "tp": int(tp), "pp": int(pp), "dp": int(dp)},
+            key=key,
             dtype=config["dtype"],
             seed=config["seed"],
-            workload=config["workload"],
-            measurement=config["measurement"],
-            training=config["training"] if scenario == "training" else None,
-            batch_sizes=sorted(config["workload"]["batch_sizes"]),
-            model_entry=entry,
             gpus_per_node=config["parallel"]["gpus_per_node"],
-            engine=config["engine"] if BACKENDS[backend].engine else None,
-            gpu=request,
-        )  # fmt: skip
+            model_entry=ModelEntry.from_config(entry),
+            workload=load_section(Workload, config["workload"], "workload"),
+            measurement=load_section(Measurement, config["measurement"], "measurement"),
+            training=load_section(Training, config["training"], "training") if training else None,
+            engine=(
+                load_section(Engine, config["engine"], "engine")
+                if BACKENDS[key.backend].engine
+                else None
+            ),
+            power_limit_method=Gpu.from_config(config).power_limit_method if sets_power else None,
+        )
 
-    @classmethod
-    def from_dict(cls, data: dict) -> JobSpec:
-        """Inverse of :meth:`to_dict`; a key that is not a field is an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"job spec has unknown keys {unknown}; known: {sorted(names)}")
-        return cls(**data)
-
-    def to_dict(self) -> dict:
-        """The JSON form; a None optional field is left out (never written as null)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None}  # fmt: skip
-
-    def with_run(self, model_dir: str, outputs: dict) -> JobSpec:
-        """This spec with the checkpoint directory and output paths the measure step knows."""
-        return dataclasses.replace(self, model_dir=str(model_dir), outputs=outputs)
+    @cached_property
+    def placement(self) -> Placement:
+        """Where the job's processes go (launch mode, nodes, ranks per node): made once, here."""
+        return self.key.placement_on(self.gpus_per_node)
 
     @property
     def layout(self) -> ParallelLayout:
-        return ParallelLayout(self.job["tp"], self.job["pp"], self.job["dp"])
+        return self.key.layout
 
     @property
-    def placement(self) -> Placement:
-        return Placement(self.layout, self.job["backend"], self.gpus_per_node)
+    def gpu(self) -> GpuRequest | None:
+        """The job's GPU power limit and clock, typed (None: it changes no GPU setting)."""
+        return self.key.gpu_request(self.power_limit_method)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The swept batch sizes, ascending (the order the job runs them)."""
+        return sorted(self.workload.batch_sizes)
+
+    def to_json(self) -> dict:
+        """The JSON object of every field (sections as objects, an absent section as null)."""
+        return {
+            f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "job spec"):
+        """Inverse of :meth:`to_json`; refuses unknown or missing keys at every level."""
+        if not isinstance(data, dict):
+            raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
+        typed = {k: _SECTION_LOADERS[k](v, f"{where}: {k}") if k in _SECTION_LOADERS else v
+                 for k, v in data.items()}  # fmt: skip
+        return load_section(cls, typed, where)
+
+    def launched(
+        self,
+        *,
+        model_dir: str,
+        outputs: Outputs,
+        limits: Limits,
+        code_version: str,
+        launch_argv: list[str],
+        job_id: str | None = None,
+    ) -> LaunchedJob:
+        """This spec as the ranks read it: plus what only the run knows (a new job id if None)."""
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobSpec)}
+        return LaunchedJob(
+            **settings,
+            model_dir=str(model_dir),
+            outputs=outputs,
+            limits=limits,
+            job_id=job_id or uuid.uuid4().hex,
+            config_hash=config_hash(self),
+            code_version=code_version,
+            launch_argv=list(launch_argv),
+        )
 
 
-def settings_hash(spec: dict) -> str:
-    """Stable short hash of one job's settings: its spec less :data:`NOT_SETTINGS`.
+@dataclass(frozen=True, kw_only=True)
+class Outputs:
+    """Every file one job writes (paths from :class:`JobDir`, or their staging copies).
 
-    It covers what determines the job's numbers (not where its outputs go), so rows of jobs that
-    ran the same settings share it. Stored as the ``config_hash`` of shards and job.json.
+    ``shards`` maps a batch size (as a string: a JSON key) to its repetitions' shard paths.
     """
-    settings = {k: v for k, v in spec.items() if k not in NOT_SETTINGS}
-    blob = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+
+    shards: dict[str, list[str]]
+    job_table: str
+    job_json: str
+    generations: str
+    power: str
+    requests: str
+
+    def shard(self, batch_size: int, repetition: int) -> str:
+        return self.shards[str(batch_size)][repetition]
+
+    def paths(self) -> list[str]:
+        """Every path: the shards (batch size outer, repetition inner), then the job's files."""
+        files = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "shards"]
+        return [p for reps in self.shards.values() for p in reps] + files
+
+    def restaged(self, staging: Path, base: Path) -> Outputs:
+        """The same outputs, each moved under ``staging`` (relative to ``base``)."""
+
+        def move(p: str) -> str:
+            return str(staging / Path(p).resolve().relative_to(base))
+
+        return Outputs(
+            shards={bs: [move(p) for p in reps] for bs, reps in self.shards.items()},
+            **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)
+               if f.name != "shards"},
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchedJob(JobSpec):
+    """A :class:`JobSpec` completed by the measure step and the launcher: what every rank reads.
+
+    Written by the launcher (energysweep.launch.job.run_job) to ``JobDir.spec_file``, loaded by
+    each rank with :meth:`load`. ``outputs`` are the staging paths the ranks write to (the
+    launcher publishes them under their final names); ``limits`` are passed to the ranks but are
+    no setting (not in :attr:`config_hash`).
+    """
+
+    model_dir: str
+    outputs: Outputs
+    limits: Limits
+    job_id: str
+    config_hash: str
+    code_version: str
+    launch_argv: list[str]
+
+    @classmethod
+    def load(cls, path: str | Path) -> LaunchedJob:
+        """The launched job in ``path`` (JSON); an unknown or missing key is an error."""
+        return cls.from_json(json.loads(Path(path).read_text()), str(path))
+
+    def dumps(self) -> str:
+        """The JSON text :meth:`load` reads."""
+        return json.dumps(self.to_json(), indent=2)
+
+
+def config_hash(spec: JobSpec) -> str:
+    """Stable short hash of one job's settings: its :class:`JobSpec` fields, location-free.
+
+    It covers what determines the job's numbers and nothing a run adds (outputs, job id, limits,
+    the resolved checkpoint directory); a path enters as :func:`portable_path`. Stored as the
+    ``config_hash`` column of shards, job.json and the summary.
+    """
+    settings = {f.name: _to_json(getattr(spec, f.name)) for f in dataclasses.fields(JobSpec)}
+    settings["model_entry"]["path"] = portable_path(spec.model_entry.path)
+    settings["workload"]["prompts"] = portable_path(spec.workload.prompts)
+    blob = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def launched(spec: dict, limits: dict, code_version: str) -> dict:
-    """The spec as the ranks read it: plus job id, settings hash, code version and limits.
+def _to_json(value):
+    return as_dict(value) if dataclasses.is_dataclass(value) else value
 
-    Limits are passed to the ranks but are no setting: a limit changes no measurement.
-    """
-    return {
-        **spec,
-        "job_id": spec.get("job_id") or uuid.uuid4().hex,
-        "config_hash": settings_hash(spec),
-        "code_version": code_version,
-        "limits": limits,
-    }
+
+def _optional(cls):
+    return lambda v, where: None if v is None else load_section(cls, v, where)
+
+
+_SECTION_LOADERS = {
+    "key": lambda v, where: load_section(JobKey, v, where),
+    "model_entry": lambda v, where: load_section(ModelEntry, v, where),
+    "workload": lambda v, where: load_section(Workload, v, where),
+    "measurement": lambda v, where: load_section(Measurement, v, where),
+    "training": _optional(Training),
+    "engine": _optional(Engine),
+    "limits": lambda v, where: load_section(Limits, v, where),
+    "outputs": lambda v, where: load_section(Outputs, v, where),
+}
 
 
 def _file(name: str, doc: str) -> property:
@@ -155,9 +347,25 @@ def _file(name: str, doc: str) -> property:
 
 @dataclass(frozen=True)
 class JobDir:
-    """Every path of one job: ``root`` is ``results/shards/<params>`` (may hold wildcards)."""
+    """Every path of one job: ``root`` is ``results/shards/<params>`` (may hold wildcards).
+
+    The one place a job's file names are spelled; find a file by its property's name
+    (:meth:`find`), never by its name.
+    """
 
     root: str
+
+    @classmethod
+    def of(cls, job_json: str | Path) -> JobDir:
+        """The directory of a job's ``job.json``."""
+        return cls(str(Path(job_json).parent))
+
+    @staticmethod
+    def find(shards_dir: str | Path, file: str) -> list[Path]:
+        """Every job's ``file`` (a property's name: ``"power"``, ``"job_json"``) below
+        ``shards_dir``."""
+        name = Path(getattr(JobDir("."), file)).name
+        return sorted(Path(shards_dir).rglob(name))
 
     def shard(self, bs, rep) -> str:
         return f"{self.root}/bs~{bs}/rep~{rep}.parquet"
@@ -171,33 +379,15 @@ class JobDir:
     generations = _file("generations.parquet", "The generated token ids (for accuracy checks).")
     power = _file("power.parquet", "The power samples of the job's GPUs.")
     requests = _file("requests.parquet", "The engine backends' per-request timings.")
-    spec_file = _file(".spec.json", "The spec the ranks read (written by the launcher).")
+    spec_file = _file(".spec.json", "The launched job the ranks read (written by the launcher).")
 
-    def outputs(self, batch_sizes, reps: int) -> dict:
-        """``spec["outputs"]``: shard paths per batch size, then the job's other files."""
-        return {
-            "shards": {str(bs): [self.shard(bs, r) for r in range(reps)] for bs in batch_sizes},
-            "job_table": self.job_table,
-            "job_json": self.job_json,
-            "generations": self.generations,
-            "power": self.power,
-            "requests": self.requests,
-        }
-
-
-def output_paths(outputs) -> list[str]:
-    """Every path of an ``outputs`` structure (nested dicts and lists), in order."""
-    if isinstance(outputs, dict):
-        return [p for v in outputs.values() for p in output_paths(v)]
-    if isinstance(outputs, (list, tuple)):
-        return [p for v in outputs for p in output_paths(v)]
-    return [outputs]
-
-
-def restage(outputs, staging: Path, base: Path):
-    """The same structure with every path moved under ``staging`` (relative to ``base``)."""
-    if isinstance(outputs, dict):
-        return {k: restage(v, staging, base) for k, v in outputs.items()}
-    if isinstance(outputs, (list, tuple)):
-        return [restage(v, staging, base) for v in outputs]
-    return str(staging / Path(outputs).resolve().relative_to(base))
+    def outputs(self, batch_sizes, reps: int) -> Outputs:
+        """The job's :class:`Outputs`: shard paths per batch size, then the job's other files."""
+        return Outputs(
+            shards={str(bs): [self.shard(bs, r) for r in range(reps)] for bs in batch_sizes},
+            job_table=self.job_table,
+            job_json=self.job_json,
+            generations=self.generations,
+            power=self.power,
+            requests=self.requests,
+        )

@@ -31,22 +31,23 @@ import sys
 from pathlib import Path
 
 from energysweep.job.backends import BACKENDS
-from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
+from energysweep.job.sections import Engine
 from energysweep.launch.ports import free_port, rendezvous_port, vllm_port
 from energysweep.launch.slurm import expand_hostnames
 
 
 def backend_env(
-    backend: str, slurm_job_id: str | None = None, engine: dict | None = None
+    backend: str, slurm_job_id: str | None = None, engine: Engine | None = None
 ) -> dict[str, str]:
     """Environment variables a backend's processes need, beyond the common ones.
 
     Args:
-        engine: the config section ``engine`` (engine jobs' spec), None for its defaults.
+        engine: the job's ``engine`` section (engine backends' jobs carry one).
     """
     if backend == "vllm":
-        engine = engine or {}
+        if engine is None:
+            raise ValueError("a vllm job carries the config section `engine` (JobSpec.engine)")
         return {
             "VLLM_PORT": str(vllm_port(slurm_job_id) if slurm_job_id else free_port()),
             # external_launcher runs the engine core inside each rank (vLLM sets this itself for
@@ -54,7 +55,7 @@ def backend_env(
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             # KV cache of a rank on CPUs, in GiB (read by vLLM's CPU platform only). Unset, the
             # CPU build reserves gpu_memory_utilization x host RAM per rank: OOM kills at tp=2.
-            "VLLM_CPU_KVCACHE_SPACE": str(int(engine.get("cpu_kvcache_gib", 1))),
+            "VLLM_CPU_KVCACHE_SPACE": str(int(engine.cpu_kvcache_gib)),
             # vLLM binds OpenMP threads only in its own multiprocessing executor; under
             # external_launcher each rank uses OMP_NUM_THREADS (build_env), so say so.
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -90,17 +91,15 @@ def replica_visible_devices(
 
 
 def build_argv(
-    layout: ParallelLayout,
-    backend: str,
+    placement: Placement,
     spec_path: str,
-    gpus_per_node: int,
     python: str = sys.executable,
     slurm_job_id: str | None = None,
     head_node: str | None = None,
 ) -> list[str]:
-    """The command that starts every process of one job."""
+    """The command that starts every process of one job (its placement decides the launch mode)."""
     entry = ["-m", "energysweep.run", "--spec", str(spec_path)]
-    placement = Placement(layout, backend, gpus_per_node)
+    layout, backend = placement.layout, placement.backend
     mode = placement.launch_mode
     if mode == "direct":
         if layout.dp == 1:
@@ -113,7 +112,7 @@ def build_argv(
             "--spec", str(spec_path),
         ]  # fmt: skip
     if mode == "mpi":
-        return _mpi_argv(placement, backend, python, entry)
+        return _mpi_argv(placement, python, entry)
     if layout.world_size == 1 and not BACKENDS[backend].torchrun_always:
         # One process: no launcher; run.py sees WORLD_SIZE unset, i.e. 1.
         return [python, *entry]
@@ -125,12 +124,12 @@ def build_argv(
     return _multi_node_argv(placement, python, entry, slurm_job_id, head_node)
 
 
-def _mpi_argv(placement: Placement, backend: str, python: str, entry: list[str]) -> list[str]:
+def _mpi_argv(placement: Placement, python: str, entry: list[str]) -> list[str]:
     """``srun --mpi=pmix ... trtllm-llmapi-launch python -m energysweep.run`` (MPI ranks: tp*pp)."""
     layout, nodes = placement.layout, placement.nodes
     if placement.unsupported():
         raise ValueError(
-            f"{backend} cannot run {layout} on nodes of {placement.gpus_per_node} GPUs"
+            f"{placement.backend} cannot run {layout} on nodes of {placement.gpus_per_node} GPUs"
         )
     # The launcher script of the same environment as the interpreter: rank 0 runs our
     # entry point, the other MPI ranks serve as the engine's workers.
@@ -167,17 +166,18 @@ def _multi_node_argv(
 
 
 def build_env(
-    layout: ParallelLayout,
+    backend: str,
+    *,
     base: dict | None = None,
     threads: int | None = None,
-    backend: str = "pytorch",
     slurm_job_id: str | None = None,
-    engine: dict | None = None,
+    engine: Engine | None = None,
 ) -> dict:
-    """Environment for the job's processes.
+    """Environment for the processes of a job of ``backend`` (``base``: os.environ if None).
 
     ``threads`` is each rank's share of the job's cores (OMP_NUM_THREADS; the ranks also set
     torch's thread count from it), so the ranks of a job never oversubscribe its cores.
+    ``engine`` is the job's ``engine`` section (engine backends only).
     """
     env = dict(os.environ if base is None else base)
     env.update(backend_env(backend, slurm_job_id, engine))

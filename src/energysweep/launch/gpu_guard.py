@@ -20,18 +20,20 @@ refuses an NVML power limit on them (energysweep.sweep.settings).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import signal
 import socket
 from pathlib import Path
 
-from energysweep.hw import gpu_settings, nvml
+from energysweep.hw import nvml
 from energysweep.job.gpu_request import NVML, SLURM_GPU_FREQ, GpuRequest
 from energysweep.launch.slurm import job_tres_freq
+from energysweep.measure import gpu_settings
+from energysweep.measure.settings import RECORD_ENV, SettingsRecord
+from energysweep.tables.io import write_json_atomic
 
-# The environment variable naming the job's settings record (read by every rank).
-RECORD_ENV = "ENERGYSWEEP_GPU_SETTINGS"
 RECORD_NAME = "gpu-settings.json"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -45,18 +47,18 @@ def _job_gpus(count: int, env: dict) -> list[str]:
     return visible[:count]
 
 
-def _record(request: GpuRequest, routes, settings, error: str | None) -> dict:
-    return {
-        "request": request.to_dict(),
-        "routes": {"power_limit": routes[0], "clock": routes[1]},
-        "host": socket.gethostname(),
+def _record(request: GpuRequest, routes, settings, error: str | None) -> SettingsRecord:
+    return SettingsRecord(
+        request=request,
+        routes={"power_limit": routes[0], "clock": routes[1]},
+        host=socket.gethostname(),
         # What sbatch --gpu-freq asked, as Slurm records it for the job, and what reached the
         # step's environment (the Slurm jobstep plugin drops SLURM_GPU_FREQ before its srun).
-        "slurm_tres_freq": job_tres_freq(os.environ.get("SLURM_JOB_ID")) if routes[1] else None,
-        "slurm_gpu_freq": os.environ.get("SLURM_GPU_FREQ"),
-        "gpus": [s.to_dict() for s in settings],
-        "error": error,
-    }
+        slurm_tres_freq=job_tres_freq(os.environ.get("SLURM_JOB_ID")) if routes[1] else None,
+        slurm_gpu_freq=os.environ.get("SLURM_GPU_FREQ"),
+        gpus=copy.deepcopy(settings),  # as written for the ranks (the restore changes them)
+        error=error,
+    )
 
 
 def _explain_slurm_clock(settings, clock: str) -> None:
@@ -73,20 +75,19 @@ def _explain_slurm_clock(settings, clock: str) -> None:
 
 
 @contextlib.contextmanager
-def applied(spec: dict, directory: str | Path, gpus: int, env: dict, log):
+def applied(request: GpuRequest | None, directory: str | Path, gpus: int, env: dict, log):
     """Set the job's GPU setting for the ``with`` block; always put it back.
 
     Args:
-        spec: the job spec (its ``gpu`` entry; none: nothing is touched).
+        request: the job's setting (``job.gpu``; None: nothing is touched).
         directory: where the record goes (the job's staging directory).
         gpus: the job's GPUs on this node.
         env: the ranks' environment; :data:`RECORD_ENV` is added to it.
         log: the job's log (what was set, read back and put back).
 
     Yields:
-        The record (a dict) or None when the job sets nothing.
+        The :class:`SettingsRecord`, or None when the job sets nothing.
     """
-    request = GpuRequest.from_dict(spec.get("gpu"))
     if request is None:
         yield None
         return
@@ -112,9 +113,9 @@ def applied(spec: dict, directory: str | Path, gpus: int, env: dict, log):
         error = f"{what}: {gpu_settings.error_text(exc)}"
     record = _record(request, routes, settings, error)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2))
+    write_json_atomic(record.to_json(), path)
     env[RECORD_ENV] = str(path)
-    print("gpu settings:", json.dumps(record), file=log, flush=True)
+    print("gpu settings:", json.dumps(record.to_json()), file=log, flush=True)
     try:
         yield record
     finally:

@@ -1,4 +1,5 @@
-"""Running one measure job: write its spec, start its processes, publish its outputs or nothing.
+"""Running one measure job: write the launched job, start its processes, publish its outputs or
+nothing.
 
 The argv and environment come from :mod:`energysweep.launch.argv`; the processes are one unit
 (:mod:`energysweep.launch.procs`); what they create outside themselves (shared memory, temp
@@ -17,23 +18,18 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
-from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
-from energysweep.job.spec import launched, output_paths, restage
+from energysweep.job.sections import Limits
+from energysweep.job.spec import JobDir, JobSpec, LaunchedJob, Outputs
 from energysweep.launch import cleanup, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.slurm import job_nodes, restore_job_identity
 from energysweep.measure.provenance import code_version
+from energysweep.tables.io import replace, write_text_atomic
 
-DEFAULT_LIMITS = {
-    # Defaults of config `limits:` (config/config.schema.yaml); the measure step passes the
-    # config's values.
-    "job_timeout_s": 21600.0,
-    "collective_timeout_s": 600.0,
-    "kill_grace_s": 10.0,
-}
 # Signals that stop a running job as a whole: Slurm's scancel and TIMEOUT (SIGTERM), Ctrl-C
 # (SIGINT), a closed terminal (SIGHUP).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -78,93 +74,89 @@ def _stop_signals_raise():
 
 
 def run_job(
-    spec: dict,
-    spec_path: str | Path,
+    spec: JobSpec,
+    job_dir: JobDir,
+    model_dir: str,
+    limits: Limits,
     log,
     cpus: int,
-    gpus_per_node: int,
-    timeout_s: float | None = None,
-    limits: dict | None = None,
     python: str = sys.executable,
-) -> None:
-    """Write the spec, start the job's processes, and publish its outputs only if all succeeded.
+) -> LaunchedJob:
+    """Launch ``spec``: write it as a :class:`LaunchedJob`, start its processes, and publish its
+    outputs only if all of them succeeded.
 
     ``python`` is the interpreter of the backend's environment (energysweep.sweep.interpreters): the
     ranks, and torchrun itself, run in it.
 
-    The ranks write into a hidden staging directory next to the outputs; the files move to their
-    final names (job.json last) only after every process exited 0. A job that fails or is killed
-    (scancel, SIGKILL of a rank, node failure) therefore leaves no shard under a name that
-    aggregation reads.
+    The ranks read the launched job from ``job_dir.spec_file`` and write into a hidden staging
+    directory in ``job_dir``; the files move to their final names (``job_dir``'s, job.json last)
+    only after every process exited 0. A job that fails or is killed (scancel, SIGKILL of a rank,
+    node failure) therefore leaves no shard under a name that aggregation reads.
 
-    The job's processes are one unit (energysweep.launch.procs): on a rank's failure, on the job
-    timeout, or on a stop signal to this process (SIGTERM from scancel or Slurm's TIMEOUT,
-    SIGINT from Ctrl-C), every one of them gets SIGTERM and, ``kill_grace_s`` later, SIGKILL;
-    then the staging directory is removed and :class:`JobFailed` says why.
+    The job's processes are one unit (energysweep.launch.procs): on a rank's failure, on
+    ``limits.job_timeout_s``, or on a stop signal to this process (SIGTERM from scancel or Slurm's
+    TIMEOUT, SIGINT from Ctrl-C), every one of them gets SIGTERM and, ``limits.kill_grace_s``
+    later, SIGKILL; then the staging directory is removed and :class:`JobFailed` says why.
 
     Args:
-        limits: ``job_timeout_s``, ``collective_timeout_s`` and ``kill_grace_s`` (config
-            ``limits:``); missing keys take :data:`DEFAULT_LIMITS`. They are passed to the ranks
-            in the spec but are not part of its settings hash: a limit changes no measurement.
-        timeout_s: overrides ``limits["job_timeout_s"]``.
+        limits: config ``limits:``; passed to the ranks in the launched job but not part of its
+            config hash: a limit changes no measurement.
+
+    Returns:
+        The launched job (its outputs are the staging paths the ranks wrote).
 
     Raises:
         JobFailed: the command exited non-zero, ran past the timeout, left outputs missing, or
             the step was interrupted (:class:`JobInterrupted`).
     """
-    limits = {**DEFAULT_LIMITS, **(limits or {})}
-    if timeout_s is not None:
-        limits["job_timeout_s"] = timeout_s
-    layout = ParallelLayout(spec["job"]["tp"], spec["job"]["pp"], spec["job"]["dp"])
-    placement = Placement(layout, spec["job"]["backend"], gpus_per_node)
-    # The code version is read where the job runs (energysweep.job.spec.launched).
-    spec = launched(spec, limits, code_version())
-    final = spec["outputs"]
-    base = Path(spec_path).resolve().parent
-    staging = base / f".staging-{spec['job_id']}"
-    spec["outputs"] = restage(final, staging, base)
+    placement = spec.placement
+    job_id = uuid.uuid4().hex
+    final = job_dir.outputs(spec.batch_sizes, spec.workload.repetitions)
+    base = Path(job_dir.root).resolve()
+    staging = base / f".staging-{job_id}"
     slurm_id = os.environ.get("SLURM_JOB_ID")
     head = _head_node(placement, slurm_id, log) if placement.multi_node else None
     argv = build_argv(
-        layout,
-        spec["job"]["backend"],
-        str(spec_path),
-        gpus_per_node,
-        python=python,
-        slurm_job_id=slurm_id,
-        head_node=head,
+        placement, job_dir.spec_file, python=python, slurm_job_id=slurm_id, head_node=head
     )
-    spec["launch_argv"] = argv
-    base.mkdir(parents=True, exist_ok=True)
-    Path(spec_path).write_text(json.dumps(spec, indent=2))
-    ranks_here = layout.world_size // placement.nodes
-    env = _job_env(spec, layout, cpus // max(1, ranks_here), slurm_id)
-    what = f"job {spec['job']} ({spec_path})"
+    job = spec.launched(
+        model_dir=model_dir,
+        outputs=final.restaged(staging, base),
+        limits=limits,
+        # The code version is read where the job runs.
+        code_version=code_version(),
+        launch_argv=argv,
+        job_id=job_id,
+    )
+    write_text_atomic(job.dumps(), job_dir.spec_file)
+    ranks_here = placement.layout.world_size // placement.nodes
+    env = _job_env(spec, cpus // max(1, ranks_here), slurm_id)
+    what = f"job {spec.key.label()} ({job_dir.spec_file})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
         # GPU power limit and clocks: set before the ranks start, put back however they end.
-        with gpu_guard.applied(spec, staging, ranks_here, env, log):
-            _run_as_unit(argv, env, log, spec["job_id"], limits, what, placement.nodes == 1)
-        _publish(spec["outputs"], final, what)
+        with gpu_guard.applied(spec.gpu, staging, ranks_here, env, log):
+            _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
+        _publish(job.outputs, final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return job
 
 
-def _job_env(spec: dict, layout: ParallelLayout, threads: int, slurm_id: str | None) -> dict:
+def _job_env(spec: JobSpec, threads: int, slurm_id: str | None) -> dict:
     """The ranks' environment (energysweep.launch.argv.build_env), with the Slurm account back
     where the job step lost it, so every row names it (sacct joins on it)."""
     env = build_env(
-        layout,
+        spec.key.backend,
         threads=threads,
-        backend=spec["job"]["backend"],
         slurm_job_id=slurm_id,
-        engine=spec.get("engine"),
+        engine=spec.engine,
     )
     return restore_job_identity(env)
 
 
 def _run_as_unit(
-    argv: list[str], env: dict, log, job_id: str, limits: dict, what: str, one_node: bool = True
+    argv: list[str], env: dict, log, job_id: str, limits: Limits, what: str, *, one_node: bool
 ) -> None:
     """Run the job's processes as one unit; however the run ends, stop every one of them and
     remove what they created outside themselves (:mod:`energysweep.launch.cleanup`).
@@ -182,7 +174,7 @@ def _run_as_unit(
         try:
             proc = procs.start(argv, env, log, job_id)
             tracker.start()
-            _wait(proc, float(limits["job_timeout_s"]), what, argv[0])
+            _wait(proc, float(limits.job_timeout_s), what, argv[0])
         except JobInterrupted as exc:
             raise JobInterrupted(
                 f"{what} interrupted ({exc}): stopped all its processes; nothing of it was "
@@ -191,7 +183,7 @@ def _run_as_unit(
         finally:
             disarm()
             # Also after a clean exit: a rank's helper or engine worker may linger.
-            procs.stop(proc, job_id, float(limits["kill_grace_s"]), log)
+            procs.stop(proc, job_id, float(limits.kill_grace_s), log)
             cleanup.release(job_id, tracker.stop(), tmpdir, lock, log)
 
 
@@ -224,18 +216,19 @@ def _wait(proc, timeout: float, what: str, program: str) -> None:
         )
 
 
-def _publish(staged_outputs, final_outputs, what: str) -> None:
+def _publish(staged_outputs: Outputs, final_outputs: Outputs, what: str) -> None:
     """Move the staged outputs to their final names, job.json last (it marks a complete job)."""
-    staged, targets = output_paths(staged_outputs), output_paths(final_outputs)
+    staged, targets = staged_outputs.paths(), final_outputs.paths()
     missing = [s for s in staged if not Path(s).exists()]
     if missing:
         raise JobFailed(f"{what} exited 0 but did not write {missing}")
-    pairs = sorted(zip(staged, targets, strict=True), key=lambda st: st[1].endswith("job.json"))
+    last = final_outputs.job_json
+    pairs = sorted(zip(staged, targets, strict=True), key=lambda st: st[1] == last)
     # A stop signal now would leave some outputs published and not others: hold it until done.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         for src, dst in pairs:
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dst)
+            replace(src, dst)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

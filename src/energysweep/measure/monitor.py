@@ -5,17 +5,12 @@ from __future__ import annotations
 import time
 
 from energysweep import dist
-from energysweep.energy import (
-    STATUS_NOT_MEASURED,
-    STATUS_NOT_READ,
-    STATUS_UNAVAILABLE,
-    GpuReading,
-    make_source,
-    wall_ns,
-)
+from energysweep.energy import GpuReading, make_source, wall_ns
 from energysweep.energy.node import NodeSource
 from energysweep.hw import nvml as hw_nvml
+from energysweep.job.spec import LaunchedJob
 from energysweep.measure.settings import SettingsProbe
+from energysweep.tables.status import EnergyStatus
 
 
 def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
@@ -33,7 +28,7 @@ class JobMonitor:
 
     def __init__(
         self,
-        spec: dict,
+        job: LaunchedJob,
         ctx: dist.RankContext,
         clock=time.perf_counter,
         sleep=time.sleep,
@@ -42,32 +37,30 @@ class JobMonitor:
         from energysweep.energy.rapl import make_host_source
         from energysweep.energy.sampler import PowerSampler
 
-        self.spec = spec
+        self.job = job
         self.ctx = ctx
-        self.m = spec["measurement"]
+        self.m = job.measurement
         self.clock = clock
         self.sleep = sleep
         # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
         self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
         if self.gpu_uuids is None:
             self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device)
-        self.energy = make_source(self.m["energy_source"], ctx.device, self.gpu_uuids)
+        self.energy = make_source(self.m.energy_source, ctx.device, self.gpu_uuids)
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
-        self.host = make_host_source(self.m.get("host_energy_source", "auto"), ctx.local_rank)
+        self.host = make_host_source(self.m.host_energy_source, ctx.local_rank)
         # The job's GPU power limit and clocks, read back around every window.
-        self.settings = SettingsProbe(spec.get("gpu"), self.gpu_uuids)
+        self.settings = SettingsProbe(job.gpu, self.gpu_uuids)
         # The node's energy where Slurm gathers it (the boundary ladder's node rung).
         self.node = NodeSource(ctx.rank)
-        self.sampler_hz = float(self.m.get("sampler_hz", 0))
-        self.sampler = PowerSampler(
-            self.gpu_uuids, self.sampler_hz, spec["job_id"], ctx.rank, ctx.host
-        )
+        self.sampler_hz = float(self.m.sampler_hz)
+        self.sampler = PowerSampler(self.gpu_uuids, self.sampler_hz, job.job_id, ctx.rank, ctx.host)
         self.idle_window_s: float | None = None
         self.idle_ns: list[int | None] = [None, None]
         # uuid -> (power W or None, status); None key: the status of GPU-less readings.
         self.idle_gpu: dict[str | None, tuple[float | None, str]] = {}
-        self.idle_host: tuple[float | None, str] = (None, STATUS_NOT_MEASURED)
+        self.idle_host: tuple[float | None, str] = (None, EnergyStatus.NOT_MEASURED)
         self.env_start: list[dict] = []
         self.env_end: list[dict] = []
 
@@ -103,18 +96,18 @@ class JobMonitor:
 
     def measure_idle(self, synchronize) -> None:
         """Idle power of every GPU (and host) of this rank, before any window of the job."""
-        seconds = float(self.m.get("idle_baseline_s", 0))
+        seconds = float(self.m.idle_baseline_s)
         if seconds <= 0:
-            self.idle_gpu = {None: (None, "skipped")}
-            self.idle_host = (None, "skipped")
+            self.idle_gpu = {None: (None, EnergyStatus.SKIPPED)}
+            self.idle_host = (None, EnergyStatus.SKIPPED)
             return
         nothing = not self.energy.available and not self.host.available
         synchronize()
         dist.barrier()
         if nothing:  # no source could read it: do not spend the time
-            status = STATUS_UNAVAILABLE
+            status = EnergyStatus.UNAVAILABLE
             self.idle_gpu = {None: (None, status)}
-            self.idle_host = (None, status if self.ctx.local_rank == 0 else STATUS_NOT_READ)
+            self.idle_host = (None, status if self.ctx.local_rank == 0 else EnergyStatus.NOT_READ)
             dist.barrier()
             return
         t0 = self.clock()
@@ -131,7 +124,9 @@ class JobMonitor:
         dist.barrier()
         self.idle_window_s = duration
         self.idle_gpu = {r.gpu_uuid: (_power_w(r.energy_mj, duration), r.status) for r in readings}
-        self.idle_gpu.setdefault(None, (None, readings[0].status if readings else "unavailable"))
+        self.idle_gpu.setdefault(
+            None, (None, readings[0].status if readings else EnergyStatus.UNAVAILABLE)
+        )
         self.idle_host = (_power_w(host.energy_mj, duration), host.status)
 
     def job_cols(self, reading: GpuReading) -> dict:
@@ -140,7 +135,7 @@ class JobMonitor:
         return {
             "idle_window_s": self.idle_window_s,
             "idle_gpu_power_w": power,
-            "idle_gpu_power_status": status or STATUS_UNAVAILABLE,
+            "idle_gpu_power_status": status or EnergyStatus.UNAVAILABLE,
             "idle_host_power_w": self.idle_host[0],
             "idle_host_power_status": self.idle_host[1],
         }

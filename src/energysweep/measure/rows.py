@@ -7,36 +7,31 @@ import os
 import sys
 
 from energysweep import dist
-from energysweep.energy import STATUS_NOT_MEASURED, STATUS_UNAVAILABLE, GpuReading
-from energysweep.job.placement import Placement
+from energysweep.energy import GpuReading
+from energysweep.job.spec import LaunchedJob
 from energysweep.tables import shards
 from energysweep.tables.phases import Phase
+from energysweep.tables.status import EnergyStatus, Status
 
 
 def base_row(
-    spec: dict, ctx: dist.RankContext, bs: int, rep: int, phase: Phase = Phase.GENERATE
+    job: LaunchedJob, ctx: dist.RankContext, bs: int, rep: int, phase: Phase = Phase.GENERATE
 ) -> dict:
     """Every column of a row that does not depend on the window's readings.
 
     Job-level measurements (idle baseline, host energy, parameters) default to not-measured;
     :func:`window_rows` fills them in.
     """
-    job = spec["job"]
     not_measured = "not measured by this scenario"
-    gpn = spec.get("gpus_per_node")
-    placement = Placement(ctx.layout, job["backend"], gpn)
+    placement = job.placement
     launchers, gpu_workers = placement.processes
     return {
         "schema_version": shards.SCHEMA_VERSION,
-        "job_id": spec["job_id"],
-        "config_hash": spec["config_hash"],
-        "code_version": spec["code_version"],
-        "model": job["model"],
-        "backend": job["backend"],
-        "scenario": job["scenario"],
-        "tp": ctx.layout.tp,
-        "pp": ctx.layout.pp,
-        "dp": ctx.layout.dp,
+        "job_id": job.job_id,
+        "config_hash": job.config_hash,
+        "code_version": job.code_version,
+        # model, backend, scenario, tp, pp, dp and the GPU setting axes (unset where not swept).
+        **job.key.columns(),
         "world_size": ctx.layout.world_size,
         "launch_mode": placement.launch_mode,
         "launcher_processes": launchers,
@@ -45,7 +40,7 @@ def base_row(
         "global_batch_size": bs * ctx.layout.dp,
         "repetition": rep,
         "phase": str(phase),
-        "min_window_s": float(spec["measurement"].get("min_window_s", 0.0)),
+        "min_window_s": float(job.measurement.min_window_s),
         **{k: v for k, v in ctx.audit().items() if k != "world_size"},
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_step_id": os.environ.get("SLURM_STEP_ID"),
@@ -56,19 +51,19 @@ def base_row(
         "allocated_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "idle_window_s": None,
         "idle_gpu_power_w": None,
-        "idle_gpu_power_status": STATUS_NOT_MEASURED,
+        "idle_gpu_power_status": EnergyStatus.NOT_MEASURED,
         "host_energy_mj": None,
         "host_dram_energy_mj": None,
-        "host_energy_status": STATUS_NOT_MEASURED,
+        "host_energy_status": EnergyStatus.NOT_MEASURED,
         "host_energy_detail": not_measured,
         "idle_host_power_w": None,
-        "idle_host_power_status": STATUS_NOT_MEASURED,
+        "idle_host_power_status": EnergyStatus.NOT_MEASURED,
         "model_parameters": None,
-        "model_parameters_method": STATUS_UNAVAILABLE,
+        "model_parameters_method": EnergyStatus.UNAVAILABLE,
         "flops_estimate": None,
         "loss": None,
         "node_energy_mj": None,
-        "node_energy_status": STATUS_NOT_MEASURED,
+        "node_energy_status": EnergyStatus.NOT_MEASURED,
         "node_energy_method": "none",
         "node_energy_detail": not_measured,
     }
@@ -91,7 +86,7 @@ def reading_cols(r: GpuReading) -> dict:
 
 
 def window_cols(
-    status="ok", error=None, start=None, end=None, iters=None, req=None, tin=None, tout=None
+    status=Status.OK, error=None, start=None, end=None, iters=None, req=None, tin=None, tout=None
 ) -> dict:
     return {
         "status": status,
@@ -124,7 +119,7 @@ def count_parameters(model_dir: str) -> int | None:
         return None
 
 
-def model_parameters(spec: dict, model_dir: str) -> tuple[int | None, str]:
+def model_parameters(job: LaunchedJob, model_dir: str) -> tuple[int | None, str]:
     """Parameters of one replica: from the checkpoint, else models[].dims.
 
     Every rank counts (the same config.json, the same number) rather than waiting in a
@@ -134,14 +129,14 @@ def model_parameters(spec: dict, model_dir: str) -> tuple[int | None, str]:
     counted = count_parameters(model_dir)
     if counted:
         return counted, "counted"
-    declared = (spec.get("model_entry") or {}).get("dims", {}).get("num_parameters")
+    declared = (job.model_entry.dims or {}).get("num_parameters")
     if declared:
         return int(declared), "config"
-    return None, STATUS_UNAVAILABLE
+    return None, EnergyStatus.UNAVAILABLE
 
 
 def window_rows(
-    spec: dict,
+    job: LaunchedJob,
     ctx: dist.RankContext,
     bs: int,
     rep: int,
@@ -158,13 +153,13 @@ def window_rows(
         monitor: the rank's :class:`energysweep.measure.monitor.JobMonitor` (idle baseline).
         params: (model parameters, how they were found), :func:`model_parameters`.
     """
-    base = base_row(spec, ctx, bs, rep, phase)
+    base = base_row(job, ctx, bs, rep, phase)
     win = window_cols(
         start=w["start"], end=w["end"], iters=w["iterations"], tin=w["tin"], tout=w["tout"]
     )
     host = w["host"]
-    before, after = w.get("settings") or (None, None)
-    node = w.get("node")
+    before, after = w["settings"]
+    node = w["node"]
     node_cols = (
         {
             "node_energy_mj": node.energy_mj,
@@ -199,7 +194,7 @@ def window_rows(
 
 
 def failed_rows(
-    spec: dict,
+    job: LaunchedJob,
     ctx: dist.RankContext,
     bs: int,
     rep: int,
@@ -216,20 +211,20 @@ def failed_rows(
         None,
         None,
         None,
-        STATUS_UNAVAILABLE,
+        EnergyStatus.UNAVAILABLE,
         "none",
         f"grid point failed ({status}); nothing measured",
     )
     return [
         {
-            **base_row(spec, ctx, bs, rep, phase),
+            **base_row(job, ctx, bs, rep, phase),
             **window_cols(status=status, error=msg),
             **reading_cols(fail),
             **monitor.job_cols(fail),
             **monitor.settings.point_columns(),
-            "host_energy_status": STATUS_UNAVAILABLE,
+            "host_energy_status": EnergyStatus.UNAVAILABLE,
             "host_energy_detail": "grid point failed; nothing measured",
-            "node_energy_status": STATUS_UNAVAILABLE,
+            "node_energy_status": EnergyStatus.UNAVAILABLE,
             "node_energy_detail": "grid point failed; nothing measured",
             "model_parameters": params[0],
             "model_parameters_method": params[1],

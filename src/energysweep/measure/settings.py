@@ -14,15 +14,22 @@ ever measured at a setting other than the one its row names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from energysweep.hw import gpu_settings as gs
 from energysweep.hw import nvml
+from energysweep.job.gpu_request import GpuRequest
+from energysweep.job.sections import load_section
+from energysweep.measure import gpu_settings as gs
+from energysweep.tables.status import SettingStatus
 
-RECORD_ENV = "ENERGYSWEEP_GPU_SETTINGS"  # energysweep.launch.gpu_guard.RECORD_ENV
-UNSET = gs.UNSET
+# The environment variable naming the job's settings record (set by the launcher,
+# energysweep.launch.gpu_guard; read by every rank).
+RECORD_ENV = "ENERGYSWEEP_GPU_SETTINGS"
+UNSET = SettingStatus.UNSET
 # Shard columns this module fills (energysweep.tables.shards), with their not-measured values.
 EMPTY = {
     "gpu_power_limit_target_w": None,
@@ -57,28 +64,54 @@ class SettingNotApplied(RuntimeError):
     """The job's GPU setting is not in effect on some GPU: its points are not measured."""
 
 
-def request_cols(gpu: dict | None) -> dict:
-    """``gpu_power_limit_request`` / ``gpu_clock_request`` of a job's spec entry ``gpu``."""
-    gpu = gpu or {}
-    watts, clock = gpu.get("power_limit_w"), gpu.get("clock")
-    return {
-        "gpu_power_limit_request": UNSET if watts is None else f"{watts:g}",
-        "gpu_clock_request": UNSET if clock is None else str(clock),
-    }
+@dataclass(frozen=True, kw_only=True)
+class SettingsRecord:
+    """What the launcher did to the job's GPUs on its node (energysweep.launch.gpu_guard),
+    written as JSON to the file :data:`RECORD_ENV` names, loaded back by every rank.
+
+    ``routes`` says who sets each part (``power_limit``, ``clock``: energysweep.job.gpu_request);
+    ``slurm_tres_freq`` is what sbatch --gpu-freq asked, as Slurm records the job, and
+    ``slurm_gpu_freq`` what reached the step's environment; ``error`` why nothing could be set.
+    """
+
+    request: GpuRequest
+    routes: dict[str, str | None]
+    host: str
+    slurm_tres_freq: str | None
+    slurm_gpu_freq: str | None
+    gpus: list[gs.GpuSetting]
+    error: str | None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SettingsRecord:
+        """The record in ``path``; an unknown or missing key is an error."""
+        data = json.loads(Path(path).read_text())
+        if isinstance(data, dict) and "request" in data:  # a missing key: load_section says so
+            data["request"] = load_section(GpuRequest, data["request"], f"{path}: request")
+        if isinstance(data, dict) and "gpus" in data:
+            data["gpus"] = [gs.GpuSetting.from_dict(g) for g in data["gpus"]]
+        return load_section(cls, data, str(path))
 
 
 class SettingsProbe:
     """Reads back one rank's GPU settings (see the module docstring)."""
 
-    def __init__(self, gpu: dict | None, uuids: list[str], environ=None):
+    def __init__(self, gpu: GpuRequest | None, uuids: list[str], environ=None):
+        """
+        Args:
+            gpu: the job's setting (``job.gpu``; None: the job sets nothing).
+            uuids: the rank's GPUs.
+            environ: where :data:`RECORD_ENV` is looked up (default ``os.environ``).
+        """
         environ = os.environ if environ is None else environ
         self.request = gpu
         self.uuids = list(uuids)
         path = environ.get(RECORD_ENV)
-        self.record = json.loads(Path(path).read_text()) if path and gpu else None
-        self.launched = {
-            g["uuid"]: gs.GpuSetting.from_dict(g) for g in (self.record or {}).get("gpus", [])
-        }
+        self.record = SettingsRecord.load(path) if path and gpu else None
+        self.launched = {g.uuid: g for g in (self.record.gpus if self.record else [])}
         self._session = False
         self._handles: dict[str, object] = {}
         # uuid -> (default power limit W, default applications SM clock MHz): every row's
@@ -98,7 +131,7 @@ class SettingsProbe:
             )
 
     def read(self) -> dict[str, dict | None]:
-        """Per GPU UUID what it enforces now (energysweep.hw.gpu_settings.read_back)."""
+        """Per GPU UUID what it enforces now (energysweep.measure.gpu_settings.read_back)."""
         out: dict[str, dict | None] = {}
         for uuid in self.uuids:
             try:
@@ -116,8 +149,8 @@ class SettingsProbe:
             return []
         if self.record is None:
             return ["the job's GPU settings record is missing (the launcher did not set them)"]
-        if self.record.get("error"):
-            return [self.record["error"]]
+        if self.record.error:
+            return [self.record.error]
         if not self.uuids:
             return ["this rank has no GPU to set or verify"]
         problems = []
@@ -142,7 +175,7 @@ class SettingsProbe:
 
     def columns(self, uuid: str | None, begin: dict | None, end: dict | None) -> dict:
         """The setting columns of a row for GPU ``uuid`` read back at a window's edges."""
-        cols = {**request_cols(self.request), **EMPTY}
+        cols = dict(EMPTY)
         s = self._target(uuid) if uuid else None
         rb, re_ = (begin or {}).get(uuid), (end or {}).get(uuid)
         default_w, default_mhz = self.defaults.get(uuid, (None, None)) if uuid else (None, None)
@@ -187,12 +220,15 @@ class SettingsProbe:
         return {**worst, "gpu_setting_detail": "; ".join(details) or None}
 
     def _statuses(self, uuid, s, readings) -> tuple[str, str, list[str]]:
-        req = self.request or {}
-        asked = (req.get("power_limit_w") is not None, req.get("clock") is not None)
+        req = self.request
+        asked = (
+            req is not None and req.power_limit_w is not None,
+            req is not None and req.clock is not None,
+        )
         if not any(asked):
             return UNSET, UNSET, []
         if s is None or not readings:
-            why = (self.record or {}).get("error") or (
+            why = (self.record.error if self.record else None) or (
                 "no GPU on this row to read back" if uuid is None else "not read back"
             )
             return (

@@ -1,10 +1,13 @@
-"""The window rule, and the merge of every rank's rows of one window (README, Methodology).
+"""The window rule (README, Methodology): when a window starts and ends on every rank.
 
 A window starts and ends after a device sync and a barrier across ranks; it repeats its step until
 it lasts at least ``measurement.min_window_s`` *and* ran at least the scenario's minimum
 iterations (``workload.iterations``, ``training.steps``). All ranks stop after the same iteration:
 the decision uses the shortest elapsed time over ranks, exchanged at chunk boundaries (usually
 once).
+
+How every rank's rows of a window are then combined (tokens, edges, energy) has one home:
+:mod:`energysweep.aggregate.windows`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import math
 
 from energysweep import dist
 from energysweep.energy import wall_ns
-from energysweep.tables.phases import Phase
 
 
 def measure_window(
@@ -87,42 +89,3 @@ def measure_window(
         "settings": (before, after),
         "node": node_reading,
     }
-
-
-def _sum_or_none(values) -> int | None:
-    values = [v for v in values if v is not None]
-    return sum(values) if values else None
-
-
-def finalize_window(rows_by_rank: list[list[dict]]) -> list[dict]:
-    """Merge ranks' rows of one repetition; per phase, window totals are summed over ranks.
-
-    Per-rank token counts are only non-zero on writers; the window total is their sum. The
-    FLOPs estimate is 2 * parameters * (input + output tokens) of the window (all GPUs).
-    """
-    rows = [r for rank_rows in rows_by_rank for r in rank_rows]
-    for phase in sorted({r["phase"] for r in rows}):
-        phase_rows = [r for r in rows if r["phase"] == phase]
-        ok = [r for r in phase_rows if r["status"] == "ok"]
-        if not ok:
-            continue
-        per_rank = {r["rank"]: (r["input_tokens"], r["output_tokens"]) for r in ok}
-        tin = _sum_or_none(v[0] for v in per_rank.values())
-        tout = _sum_or_none(v[1] for v in per_rank.values())
-        params = ok[0]["model_parameters"]
-        flops = None
-        if params is not None and phase in (Phase.GENERATE, Phase.PREFILL):
-            flops = 2.0 * params * ((tin or 0) + (tout or 0))
-        elif params is not None and phase == Phase.TRAIN and tin is not None:
-            flops = 6.0 * params * tin  # forward + backward: ~6 FLOPs per parameter per token
-        update = {
-            "input_tokens": tin,
-            "output_tokens": tout,
-            "window_start_ns": min(r["window_start_ns"] for r in ok),
-            "window_end_ns": max(r["window_end_ns"] for r in ok),
-            "requests": ok[0]["global_batch_size"] * ok[0]["iterations"],
-            "flops_estimate": flops,
-        }
-        for r in phase_rows:
-            r.update(update)
-    return rows

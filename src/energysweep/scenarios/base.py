@@ -14,10 +14,12 @@ from abc import ABC, abstractmethod
 
 from energysweep import dist
 from energysweep.energy import CpuTime
+from energysweep.job.spec import LaunchedJob
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
 from energysweep.measure.settings import SettingNotApplied
 from energysweep.measure.window import measure_window
 from energysweep.tables.phases import Phase
+from energysweep.tables.status import Status
 from energysweep.util import faults
 from energysweep.util.oom import is_oom
 
@@ -27,12 +29,6 @@ def prompt_indices(iteration: int, batch_size: int, dp: int, dp_rank: int, n_pro
     global_batch = batch_size * dp
     start = iteration * global_batch + dp_rank * batch_size
     return [(start + j) % n_prompts for j in range(batch_size)]
-
-
-def collective_timeout_s(spec: dict) -> float:
-    """``limits.collective_timeout_s`` of the job (launch.run_job puts ``limits`` in the spec)."""
-    limits = spec.get("limits") or {}
-    return float(limits.get("collective_timeout_s") or dist.DEFAULT_COLLECTIVE_TIMEOUT_S)
 
 
 class Scenario(ABC):
@@ -46,24 +42,26 @@ class Scenario(ABC):
 
     name: str
 
-    def __init__(self, spec: dict, ctx: dist.RankContext, backend, prompts: list[str], monitor):
-        self.spec = spec
+    def __init__(
+        self, job: LaunchedJob, ctx: dist.RankContext, backend, prompts: list[str], monitor
+    ):
+        self.job = job
         self.ctx = ctx
         self.backend = backend
         self.prompts = prompts
-        self.wl = spec["workload"]
-        self.m = spec["measurement"]
+        self.wl = job.workload
+        self.m = job.measurement
         self.monitor = monitor
         self.energy = monitor.energy
         self.host = monitor.host
         self.clock = monitor.clock
         self.sleep = monitor.sleep
-        self.min_window_s = float(self.m.get("min_window_s", 0.0))
-        self.collective_timeout_s = collective_timeout_s(spec)
+        self.min_window_s = float(self.m.min_window_s)
+        self.collective_timeout_s = float(job.limits.collective_timeout_s)
         self.cpu = CpuTime()
         self.window_ns_total = 0
         self.generations: list[dict] = []
-        self.params, self.params_method = model_parameters(spec, ctx.model_dir)
+        self.params, self.params_method = model_parameters(job, ctx.model_dir)
 
     @abstractmethod
     def phases(self) -> list[Phase]:
@@ -106,14 +104,14 @@ class Scenario(ABC):
 
     def point(self, bs: int) -> list[list[dict]]:
         """All windows of one batch size: a list (one per repetition) of this rank's rows."""
-        cooldown_s = float(self.m.get("cooldown_s", 0))
+        cooldown_s = float(self.m.cooldown_s)
         windows: list[list[dict]] = []
         error = None
         try:
             faults.inject(self.ctx.rank, bs, self.name)  # test-only; off unless env var set
             self.check_settings(bs)
             self.prepare(bs)
-            for rep in range(self.wl["repetitions"]):
+            for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
             if self.is_fatal(exc):
@@ -129,13 +127,13 @@ class Scenario(ABC):
         Collective (only in jobs that set a GPU setting): every rank's problems are gathered,
         so all ranks fail the point together and none of its windows runs.
         """
-        if not self.spec.get("gpu"):
+        if self.job.gpu is None:
             return
         problems = [p for rank in dist.gather(self.monitor.settings.problems()) for p in rank]
         if problems:
             raise SettingNotApplied(
-                f"GPU setting {self.spec['gpu']} is not in effect, so batch size {bs} was not "
-                f"measured: {'; '.join(sorted(set(problems)))[:1500]}"
+                f"GPU setting ({self.job.gpu.label()}) is not in effect, so batch size {bs} was "
+                f"not measured: {'; '.join(sorted(set(problems)))[:1500]}"
             )
 
     def point_error(self, exc: BaseException, oom: bool) -> tuple[str, str, bool]:
@@ -145,7 +143,7 @@ class Scenario(ABC):
         """
         traceback.print_exc()
         return (
-            "oom" if oom else "error",
+            Status.OOM if oom else Status.ERROR,
             f"{type(exc).__name__}: {exc}",
             dist.is_communication_failure(exc),
         )
@@ -187,17 +185,18 @@ class Scenario(ABC):
                 "out of step, so the job cannot go on (a failure every rank sees, such as an OOM "
                 "at this batch size, is recorded as the point's status instead). Aborting the job"
             )
-        status = "oom" if any(e[0] == "oom" for e in failed.values()) else "error"
-        return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl["repetitions"])]
+        oom = any(e[0] == Status.OOM for e in failed.values())
+        status = Status.OOM if oom else Status.ERROR
+        return [self._failed_rows(bs, rep, status, msg) for rep in range(self.wl.repetitions)]
 
     def _rows(self, bs: int, rep: int, phase: Phase, w: dict) -> list[dict]:
         return window_rows(
-            self.spec, self.ctx, bs, rep, phase, w, self.monitor, (self.params, self.params_method)
+            self.job, self.ctx, bs, rep, phase, w, self.monitor, (self.params, self.params_method)
         )
 
     def _failed_rows(self, bs: int, rep: int, status: str, msg: str) -> list[dict]:
         return failed_rows(
-            self.spec,
+            self.job,
             self.ctx,
             bs,
             rep,

@@ -23,12 +23,12 @@ class InferenceScenario(Scenario):
 
     name = "inference"
 
-    def __init__(self, spec: dict, ctx, backend, prompts: list[str], monitor):
-        super().__init__(spec, ctx, backend, prompts, monitor)
+    def __init__(self, job, ctx, backend, prompts: list[str], monitor):
+        super().__init__(job, ctx, backend, prompts, monitor)
         self._point_batches: list[tuple[list[int], dict]] | None = None
 
     def phases(self) -> list[Phase]:
-        return [Phase.GENERATE] + ([Phase.PREFILL] if self.m.get("prefill_pass") else [])
+        return [Phase.GENERATE] + ([Phase.PREFILL] if self.m.prefill_pass else [])
 
     def is_fatal(self, exc: BaseException) -> bool:
         # A multi-rank engine (vLLM) cannot go on after an exception, and its other ranks
@@ -55,7 +55,7 @@ class InferenceScenario(Scenario):
 
     def window(self, batches, n_new: int, record: list | None = None) -> dict:
         """One measured generate (or prefill: ``n_new`` 1) window over ``batches``."""
-        min_iters = self.wl["iterations"]
+        min_iters = self.wl.iterations
         tokens = {"tin": 0, "tout": 0}
 
         def step(it: int) -> None:
@@ -76,16 +76,16 @@ class InferenceScenario(Scenario):
 
     def prepare(self, bs: int) -> None:
         self._point_batches = batches = self._batches(bs)
-        for it in range(self.wl["warmup_iterations"]):
-            self._generate(batches[it % len(batches)][1], self.wl["output_tokens"])
+        for it in range(self.wl.warmup_iterations):
+            self._generate(batches[it % len(batches)][1], self.wl.output_tokens)
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
         batches = self._point_batches
         record = [] if rep == 0 else None
         self.sleep(cooldown_s)
-        w = self.window(batches, self.wl["output_tokens"], record)
+        w = self.window(batches, self.wl.output_tokens, record)
         rows = self._rows(bs, rep, Phase.GENERATE, w)
-        if self.m.get("prefill_pass"):
+        if self.m.prefill_pass:
             self.sleep(cooldown_s)
             rows += self._rows(bs, rep, Phase.PREFILL, self.window(batches, 1))
         if record:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from energysweep.job.sections import Training
+
 
 class TokenDataset(torch.utils.data.Dataset):
     """``length`` fixed-length token sequences; sample ``i`` is ``samples[i % len(samples)]``.
@@ -52,16 +54,16 @@ def packed_prompt_samples(prompts: list[str], tokenizer, seq_len: int) -> torch.
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
-def load_samples(cfg: dict, model_dir: str, prompts: list[str], seed: int) -> torch.Tensor:
+def load_samples(cfg: Training, model_dir: str, prompts: list[str], seed: int) -> torch.Tensor:
     """The job's unique training sequences (``training.data``: prompts or synthetic)."""
-    if cfg["data"] == "synthetic":
+    if cfg.data == "synthetic":
         from transformers import AutoConfig
 
         vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-        return synthetic_samples(vocab, cfg["seq_len"], seed)
-    if cfg["data"] == "prompts":
+        return synthetic_samples(vocab, cfg.seq_len, seed)
+    if cfg.data == "prompts":
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        return packed_prompt_samples(prompts, tokenizer, cfg["seq_len"])
-    raise ValueError(f"training.data {cfg['data']!r} is not prompts or synthetic")
+        return packed_prompt_samples(prompts, tokenizer, cfg.seq_len)
+    raise ValueError(f"training.data {cfg.data!r} is not prompts or synthetic")

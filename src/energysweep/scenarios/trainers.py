@@ -29,6 +29,7 @@ from torch import nn
 
 from energysweep import dist
 from energysweep.job.layout import ParallelLayout
+from energysweep.job.sections import Training
 from energysweep.scenarios.base import prompt_indices
 from energysweep.scenarios.train_data import TokenDataset
 from energysweep.torchpp.load import checkpoint_key, load_rank_stage
@@ -90,10 +91,12 @@ def _load_stage(ctx: dist.RankContext) -> tuple[nn.Module, range]:
     return model.train(), layers
 
 
-def _optimizer(cfg: dict, params) -> torch.optim.Optimizer:
-    if cfg["optimizer"] == "adamw":
-        return torch.optim.AdamW(params, lr=cfg["lr"])
-    return torch.optim.SGD(params, lr=cfg["lr"])
+def _optimizer(cfg: Training, params) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr)
+    raise ValueError(f"training.optimizer {cfg.optimizer!r} is not adamw or sgd")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -173,7 +176,7 @@ class MeshTrainer:
         self.dp_group = ctx.mesh.get_group("dp") if layout.dp_enabled else None
         self.schedule = None
         if layout.pp_enabled:
-            self.schedule = self._gpipe(cfg["seq_len"], microbatches)
+            self.schedule = self._gpipe(cfg.seq_len, microbatches)
         self._step = 0
         self._losses: list[torch.Tensor] = []
 
@@ -272,7 +275,12 @@ class MeshTrainer:
 
 
 def make_trainer(
-    ctx, cfg: dict, batch_size: int, samples: torch.Tensor, n_steps: int | None, accelerator=None
+    ctx,
+    cfg: Training,
+    batch_size: int,
+    samples: torch.Tensor,
+    n_steps: int | None,
+    accelerator=None,
 ):
     """The trainer for this rank's layout at one batch size (a fresh copy of the checkpoint).
 
@@ -288,12 +296,12 @@ def make_trainer(
         if accelerator is None:
             raise ValueError(f"layout {ctx.layout} trains through Accelerate; pass the accelerator")
         return AccelerateTrainer(accelerator, ctx, cfg, batch_size, samples, n_steps)
-    micro = effective_microbatches(batch_size, cfg["microbatches"])
-    if ctx.layout.pp_enabled and micro != cfg["microbatches"]:
+    micro = effective_microbatches(batch_size, cfg.microbatches)
+    if ctx.layout.pp_enabled and micro != cfg.microbatches:
         log.warning(
             "batch_size %d: %d GPipe micro-batches instead of %d (must divide the batch)",
             batch_size,
             micro,
-            cfg["microbatches"],
+            cfg.microbatches,
         )
     return MeshTrainer(ctx, cfg, batch_size, samples, micro)

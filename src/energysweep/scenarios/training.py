@@ -23,31 +23,23 @@ replicas).
 from __future__ import annotations
 
 from energysweep import dist
+from energysweep.job.sections import Training
+from energysweep.job.spec import LaunchedJob
 from energysweep.scenarios.accelerate_world import audit_accelerator, make_accelerator
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.train_data import load_samples
 from energysweep.scenarios.trainers import make_trainer, uses_accelerate
 from energysweep.tables.phases import Phase
 
-OPTIMIZERS = ("adamw", "sgd")
 
-
-def training_config(spec: dict) -> dict:
-    """The job spec's ``training`` section (validated and defaulted by the config schema)."""
-    cfg = spec.get("training")
-    if not isinstance(cfg, dict):
+def training_config(job: LaunchedJob) -> Training:
+    """The job's ``training`` section (validated and defaulted by the config schema)."""
+    if job.training is None:
         raise ValueError(
-            "the job spec has no `training` section; rules/common.smk get_job_spec must pass "
-            "config['training'] for scenario=training jobs"
+            "the job has no `training` section; rules/common.smk get_job_spec builds it "
+            "(JobSpec.from_config) with config['training'] for scenario=training jobs"
         )
-    missing = {"steps", "warmup_steps", "seq_len", "data", "optimizer", "lr", "microbatches"} - set(
-        cfg
-    )
-    if missing:
-        raise ValueError(f"training section lacks {sorted(missing)} (validate the config first)")
-    if cfg["optimizer"] not in OPTIMIZERS:
-        raise ValueError(f"training.optimizer {cfg['optimizer']!r} is not one of {OPTIMIZERS}")
-    return cfg
+    return job.training
 
 
 class TrainingScenario(Scenario):
@@ -61,16 +53,16 @@ class TrainingScenario(Scenario):
 
     name = "training"
 
-    def __init__(self, spec: dict, ctx: dist.RankContext, prompts: list[str], monitor):
-        super().__init__(spec, ctx, None, prompts, monitor)
-        self.cfg = training_config(spec)
+    def __init__(self, job: LaunchedJob, ctx: dist.RankContext, prompts: list[str], monitor):
+        super().__init__(job, ctx, None, prompts, monitor)
+        self.cfg = training_config(job)
         self.last_step_losses: list[list[float]] = []  # per window of the last point (for tests)
         self.accelerator = None
         if uses_accelerate(ctx.layout):
             # Outside any per-point error handling: a wrong world fails the job, not one point.
             self.accelerator = make_accelerator(ctx.device)
             audit_accelerator(self.accelerator, ctx)
-        self.samples = load_samples(self.cfg, ctx.model_dir, prompts, spec["seed"])
+        self.samples = load_samples(self.cfg, ctx.model_dir, prompts, job.seed)
         self.trainer = None
 
     def _sync(self) -> None:
@@ -78,12 +70,12 @@ class TrainingScenario(Scenario):
 
     def train_window(self, trainer, bs: int) -> dict:
         """One measured window of optimizer steps: :meth:`measured`'s dict, tokens, the loss."""
-        w = self.measured(lambda _: trainer.step(), self.cfg["steps"], self._sync)
+        w = self.measured(lambda _: trainer.step(), self.cfg.steps, self._sync)
         per_step_loss = trainer.take_losses()  # after the window: a collective + host sync
-        # Per-rank counts are non-zero only on each replica's writer; measure.finalize_window sums
-        # them over ranks into the window total (all replicas).
+        # Per-rank counts are non-zero only on each replica's writer; combine_ranks
+        # (energysweep.aggregate.windows) sums them over ranks into the window total.
         steps = w["iterations"]
-        tokens = bs * steps * self.cfg["seq_len"] if self.ctx.coords.is_writer else 0
+        tokens = bs * steps * self.cfg.seq_len if self.ctx.coords.is_writer else 0
         return {
             **w,
             "tin": tokens,
@@ -101,9 +93,9 @@ class TrainingScenario(Scenario):
     def prepare(self, bs: int) -> None:
         self.last_step_losses = []
         self.trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
-        for _ in range(self.cfg["warmup_steps"]):
+        for _ in range(self.cfg.warmup_steps):
             self.trainer.step()
-        if self.cfg["warmup_steps"]:
+        if self.cfg.warmup_steps:
             self.trainer.take_losses()
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:

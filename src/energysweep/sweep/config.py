@@ -16,14 +16,15 @@ from pathlib import Path
 import yaml
 
 from energysweep.job.layout import ModelDims
-from energysweep.job.placement import Placement
+from energysweep.job.sections import SCHEMA_PATH, Engine, Measurement, load_section
+from energysweep.job.spec import portable_path
+from energysweep.sweep import settings
 from energysweep.sweep.grid import Grid, expand_grid
 
 BUILTIN_TINY = "builtin:tiny"
 # A checkpoint path may only hold these characters: it is passed on argv, never through a shell,
 # but we still refuse anything a shell or a Slurm script could misread.
 SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+~-]+$")
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -122,10 +123,8 @@ def check(
     # measurement.require_energy against the sources it needs (energysweep.validity.require).
     from energysweep.validity.require import check_config
 
-    problems += check_config(config.get("measurement", {}))
+    problems += check_config(load_section(Measurement, config["measurement"], "measurement"))
     # gpu.clock in Slurm's vocabulary; facility estimates with source, year and band.
-    from energysweep.sweep import settings
-
     problems += settings.check(config)
     names = [m["name"] for m in config["models"]]
     for name in {n for n in names if names.count(n) > 1}:
@@ -163,7 +162,7 @@ def check(
             problems.append(
                 f"config key workload.prompts: {p} is not a file; use `builtin` or a JSONL file"
             )
-    for b, path in (config.get("environments") or {}).items():
+    for b, path in config["environments"].items():
         if path is not None and (not SAFE_PATH.match(path) or path.startswith("-")):
             problems.append(
                 f"config key environments.{b}: {path!r} has characters that are not allowed; "
@@ -194,11 +193,8 @@ def runs_on_cpu(device: str) -> bool:
 def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
     """The grid of jobs (and skipped points) a validated config describes."""
     base_dir = Path(base_dir)
-    from energysweep.sweep import settings
-
     par = config["parallel"]
-    measurement = config.get("measurement") or {}
-    device = measurement.get("device", "auto")
+    device = config["measurement"]["device"]
     grid = expand_grid(
         {m["name"]: model_dims(m, base_dir) for m in config["models"]},
         config["backends"],
@@ -208,7 +204,7 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         par["dp"],
         par["max_gpus_per_job"],
         par["gpus_per_node"],
-        engine=config.get("engine"),
+        engine=load_section(Engine, config["engine"], "engine"),
         on_cpu=runs_on_cpu(device),
     )
     # The GPU setting axes (gpu.power_limit_w, gpu.clock): one job per setting.
@@ -231,10 +227,10 @@ def check_node_fit(config: dict, grid: Grid) -> None:
     (null) means not checked.
     """
     par = config["parallel"]
-    cpus, mem = par.get("cpus_per_node"), par.get("mem_mb_per_node")
+    cpus, mem = par["cpus_per_node"], par["mem_mb_per_node"]
     problems = []
     for job in grid.jobs:
-        req = Placement(job.layout, job.backend, par["gpus_per_node"]).node_request
+        req = job.placement_on(par["gpus_per_node"]).node_request
         where = (
             f"layout {job.layout} ({job.backend}, {job.scenario}) puts {req.ranks_per_node} "
             f"ranks on each of its {req.nodes} node(s) (parallel.gpus_per_node="
@@ -259,10 +255,20 @@ def check_node_fit(config: dict, grid: Grid) -> None:
 def sweep_hash(config: dict) -> str:
     """Stable short hash of the whole (validated, defaults-filled) config: the sweep's identity.
 
-    Stored as ``config_hash`` in results/config.yaml. Not to be confused with one job's
-    :func:`energysweep.job.spec.settings_hash` (the ``config_hash`` column of shards and job.json).
+    Stored as ``sweep_hash`` in results/config.yaml. Not to be confused with one job's
+    ``config_hash`` (:func:`energysweep.job.spec.config_hash`: the ``config_hash`` column of
+    shards, job.json and the summary). Location-free, so two checkouts of the same sweep hash
+    alike: every path (``models[].path``, ``workload.prompts``, ``environments.*``) enters as
+    its last component (:func:`energysweep.job.spec.portable_path`).
     """
-    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    portable = copy.deepcopy(config)
+    for entry in portable["models"]:
+        entry["path"] = portable_path(entry["path"])
+    portable["workload"]["prompts"] = portable_path(portable["workload"]["prompts"])
+    portable["environments"] = {
+        b: None if p is None else portable_path(p) for b, p in portable["environments"].items()
+    }
+    blob = json.dumps(portable, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

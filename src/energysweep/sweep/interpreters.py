@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from energysweep.job.backends import BACKENDS
+from energysweep.tables.io import write_json_atomic
 
 PROBE_TIMEOUT_S = 300  # importing vLLM (torch, transformers, triton) takes 5-30 s on 2 busy cores
 # Probe results that succeeded, per workflow run directory (see _cache_key).
@@ -135,10 +136,7 @@ def probe(
         try:
             cache = _read_cache(cache_file)
             cache[key] = result
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(cache, indent=1))
-            os.replace(tmp, cache_file)
+            write_json_atomic(cache, cache_file)
         except OSError:  # a read-only working directory only costs the next run a probe
             pass
     return result
@@ -170,7 +168,7 @@ def check(
     warnings: list[str] = []
     if use_conda:
         return errors, warnings
-    envs = config.get("environments") or {}
+    envs = config["environments"]
     for b in config["backends"]:
         module, hint = BACKENDS[b].module, BACKENDS[b].install_hint
         python = interpreter(b, envs, workflow_dir)

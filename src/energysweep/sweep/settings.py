@@ -1,10 +1,12 @@
 """The GPU setting axes of the grid (``gpu.power_limit_w``, ``gpu.clock``) and the ``facility``
 estimates: checks when the workflow loads, the grid's product, and what a job's submission asks.
 
-A swept axis becomes a path part of its jobs (``power_limit_w~300/gpu_clock~medium``; ``unset``
-for a null value: the GPU as the node has it). Values a job cannot have are decided here, before
-anything is submitted: a clock word Slurm does not know is a config error; a setting on CPU ranks
-(no GPU to set) is a skipped point with its reason.
+A swept axis becomes part of its jobs' keys (:class:`energysweep.job.spec.JobKey`
+``power_limit_w`` / ``gpu_clock``) and so a path part (``power_limit_w~300/gpu_clock~medium``;
+``unset`` for a null value: the GPU as the node has it); an axis the config does not sweep stays
+None in every key, and its paths are those of a sweep without the axes. Values a job cannot have
+are decided here, before anything is submitted: a clock word Slurm does not know is a config
+error; a setting on CPU ranks (no GPU to set) is a skipped point with its reason.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from energysweep.hw.gpu_freq import ClockSyntaxError, parse_clock
-from energysweep.job.placement import Placement
-from energysweep.sweep.grid import UNSET, Grid, wildcard_value
+from energysweep.job.gpu_freq import ClockSyntaxError, parse_clock
+from energysweep.job.gpu_request import NVML, SETTING_AXES, SLURM_PROLOG, axis_text
+from energysweep.job.sections import Facility, Gpu
+from energysweep.job.spec import JOB_KEYS, JobKey
+from energysweep.sweep.grid import Grid
 
-# Wildcard name of each axis -> its config key under `gpu:`.
-AXES = {"power_limit_w": "power_limit_w", "gpu_clock": "clock"}
 # Characters a setting may bring into a path or an sbatch argument (checked: parse_clock).
 WILDCARD_CONSTRAINTS = {
     "power_limit_w": r"unset|\d+(\.\d+)?",
@@ -28,7 +30,7 @@ WILDCARD_CONSTRAINTS = {
 def check(config: dict) -> list[str]:
     """Problems with ``gpu`` and ``facility`` the schema cannot see, each naming the key."""
     problems = []
-    for i, clock in enumerate(config["gpu"]["clock"]):
+    for i, clock in enumerate(Gpu.from_config(config).clock):
         if clock is None:
             continue
         try:
@@ -38,44 +40,51 @@ def check(config: dict) -> list[str]:
             continue
         if spec.text != str(clock):
             problems.append(f"config key gpu.clock[{i}]: write {spec.text!r} without spaces")
-    return problems + _check_estimates(config["facility"])
+    return problems + _check_estimates(Facility.from_config(config["facility"]))
 
 
-def _check_estimates(facility: dict) -> list[str]:
+def _check_estimates(facility: Facility) -> list[str]:
     """An estimate is usable only with its source, year and band (low <= value <= high)."""
     problems = []
-    for name, entry in facility.items():
+    for name, e in facility.estimates().items():
         key = f"facility.{name}"
-        if entry["value"] is None:
-            extra = [k for k in ("low", "high") if entry[k] is not None]
+        if e.value is None:
+            extra = [k for k, v in (("low", e.low), ("high", e.high)) if v is not None]
             if extra:
                 problems.append(
                     f"config key {key}.{extra[0]}: a band without a value; set {key}.value too"
                 )
             continue
-        for part in ("source", "year"):
-            if entry[part] in (None, ""):
+        for part, given in (("source", e.source), ("year", e.year)):
+            if given in (None, ""):
                 problems.append(
-                    f"config key {key}.{part}: {key}.value {entry['value']:g} needs its {part} "
+                    f"config key {key}.{part}: {key}.value {e.value:g} needs its {part} "
                     "(an estimate without provenance cannot be cited); add it"
                 )
-        low, high = entry["low"], entry["high"]
-        if low is None or high is None:
+        if e.low is None or e.high is None:
             problems.append(
-                f"config key {key}.low/high: {key}.value {entry['value']:g} needs an "
+                f"config key {key}.low/high: {key}.value {e.value:g} needs an "
                 "uncertainty band (low <= value <= high)"
             )
-        elif not low <= entry["value"] <= high:
+        elif not e.low <= e.value <= e.high:
             problems.append(
-                f"config key {key}: the band must hold the value: low {low:g} <= value "
-                f"{entry['value']:g} <= high {high:g}"
+                f"config key {key}: the band must hold the value: low {e.low:g} <= value "
+                f"{e.value:g} <= high {e.high:g}"
             )
     return problems
 
 
-def swept_axes(config: dict) -> list[str]:
-    """The wildcard names of the axes the config sweeps (in :data:`AXES` order)."""
-    return [axis for axis, key in AXES.items() if config["gpu"][key]]
+def _axis_values(gpu: Gpu) -> dict[str, list]:
+    """Job-key field of each axis the config sweeps -> its values (in path order)."""
+    values = {axis: getattr(gpu, key) for axis, key in SETTING_AXES.items()}
+    return {axis: v for axis, v in values.items() if v}
+
+
+def path_keys(config: dict) -> list[str]:
+    """The job-key columns of this sweep's paths and grid tables: :data:`JOB_KEYS` less the
+    setting axes it does not sweep."""
+    swept = _axis_values(Gpu.from_config(config))
+    return [k for k in JOB_KEYS if k not in SETTING_AXES or k in swept]
 
 
 def no_gpu_reason(device: str, gpus_here: bool) -> str | None:
@@ -99,19 +108,23 @@ def expand(grid: Grid, config: dict, no_gpu: str | None) -> Grid:
     Args:
         no_gpu: :func:`no_gpu_reason` of the config's device (None: the ranks have GPUs).
     """
-    axes = swept_axes(config)
+    gpu = Gpu.from_config(config)
+    axes = _axis_values(gpu)
     if not axes:
         return grid
-    values = [config["gpu"][AXES[a]] for a in axes]
+    combos = [
+        {a: axis_text(v) for a, v in zip(axes, combo, strict=True)}
+        for combo in itertools.product(*axes.values())
+    ]
     out = Grid(skipped=[])
     for entry in grid.skipped:
-        for combo in itertools.product(*values):
-            out.skipped.append(_with_axes(entry, axes, combo))
-    for job, combo in itertools.product(grid.jobs, itertools.product(*values)):
-        setting = tuple(zip(axes, combo, strict=True))
-        job = dataclasses.replace(job, setting=setting)
-        reason = no_gpu if any(v is not None for v in combo) else None
-        reason = reason or _launcher_node_only(job, dict(setting), config)
+        reason = entry["reason"]
+        keys = {k: v for k, v in entry.items() if k != "reason"}
+        out.skipped += [{**keys, **combo, "reason": reason} for combo in combos]
+    for key, combo in itertools.product(grid.jobs, combos):
+        job = dataclasses.replace(key, **combo)
+        reason = no_gpu if job.gpu_request(None) is not None else None
+        reason = reason or _launcher_node_only(job, gpu, config["parallel"]["gpus_per_node"])
         if reason:
             out.skipped.append({**job.wildcards(), "reason": reason})
         else:
@@ -119,13 +132,13 @@ def expand(grid: Grid, config: dict, no_gpu: str | None) -> Grid:
     return out
 
 
-def _launcher_node_only(job, setting: dict, config: dict) -> str | None:
+def _launcher_node_only(key: JobKey, gpu: Gpu, gpus_per_node: int) -> str | None:
     """An NVML power limit is set by the launcher on its own node: a multi-node job's other
     nodes would run unset (energysweep.launch.gpu_guard)."""
-    gpu, par = config["gpu"], config["parallel"]
-    if setting.get("power_limit_w") is None or gpu["power_limit_method"] != "nvml":
+    request = key.gpu_request(gpu.power_limit_method)
+    if request is None or request.routes(under_slurm=True)[0] != NVML:
         return None
-    nodes = Placement(job.layout, job.backend, par["gpus_per_node"]).nodes
+    nodes = key.placement_on(gpus_per_node).nodes
     if nodes == 1:
         return None
     return (
@@ -134,44 +147,22 @@ def _launcher_node_only(job, setting: dict, config: dict) -> str | None:
     )
 
 
-def _with_axes(entry: dict, axes: list[str], combo) -> dict:
-    reason = entry["reason"]
-    keys = {k: v for k, v in entry.items() if k != "reason"}
-    return {
-        **keys,
-        **{a: wildcard_value(v) for a, v in zip(axes, combo, strict=True)},
-        "reason": reason,
-    }
-
-
-def request(wildcards) -> dict | None:
-    """A job's setting from its wildcards: ``{"power_limit_w": W|None, "clock": str|None}``;
-    None when neither is set (the job changes nothing, and its spec says nothing)."""
-    power = wildcards.get("power_limit_w", UNSET)
-    clock = wildcards.get("gpu_clock", UNSET)
-    out = {
-        "power_limit_w": None if power == UNSET else float(power),
-        "clock": None if clock == UNSET else str(clock),
-    }
-    return out if any(v is not None for v in out.values()) else None
-
-
-def slurm_extra(wildcards) -> str | None:
+def slurm_extra(key: JobKey) -> str | None:
     """``--gpu-freq=<clock>`` for the job's sbatch (Slurm sets and resets the clocks), or None.
 
     The value passed :func:`check` (Slurm's vocabulary: letters, digits, ``,memory=``), so it
     is safe on the plugin's sbatch command line.
     """
-    req = request(wildcards) or {}
-    if req.get("clock") is None:
+    request = key.gpu_request(None)
+    if request is None or request.clock is None:
         return None
-    return f"--gpu-freq={parse_clock(req['clock']).text}"
+    return f"--gpu-freq={parse_clock(request.clock).text}"
 
 
-def constraint(wildcards, config: dict) -> str | None:
+def constraint(key: JobKey, config: dict) -> str | None:
     """The node feature asking the site's prolog for the job's power limit, or None."""
-    req = request(wildcards) or {}
-    gpu = config["gpu"]
-    if req.get("power_limit_w") is None or gpu["power_limit_method"] != "slurm-prolog":
+    gpu = Gpu.from_config(config)
+    request = key.gpu_request(gpu.power_limit_method)
+    if request is None or request.routes(under_slurm=True)[0] != SLURM_PROLOG:
         return None
-    return gpu["prolog_constraint"].replace("{watts}", str(round(req["power_limit_w"])))
+    return gpu.prolog_constraint.replace("{watts}", str(round(request.power_limit_w)))

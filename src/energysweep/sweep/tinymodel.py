@@ -13,10 +13,10 @@ import argparse
 import importlib.util
 import json
 import os
-import secrets
-import shutil
 import sys
 from pathlib import Path
+
+from energysweep.tables.io import atomic_path
 
 # head_dim = hidden_size / num_attention_heads = 32: vLLM's CPU attention supports head_dim 32,
 # 64, 80, 96, 112, 128, ... only (16 fails with "Unsupported CPU attention configuration").
@@ -213,27 +213,10 @@ def build_tiny_model(out_dir: str | Path, spec: dict | None = None) -> Path:
     """
     spec = resolve_spec(spec)
     out = Path(out_dir).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # A sibling on the same filesystem, so the final rename is atomic; the dot hides it from
-    # globbing, and pid + random suffix keep concurrent builds apart.
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    old = None
-    try:
+    # Written beside its final name (the rename is atomic) and renamed into place; an existing
+    # checkpoint is replaced whole.
+    with atomic_path(out, directory=True) as tmp:
         _write(tmp, spec)
-        if out.exists():
-            # rename() cannot replace a non-empty directory: move the old one aside first.
-            old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-            out.rename(old)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
-            old.rename(out)
-            old = None
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
     return out
 
 

@@ -1,4 +1,4 @@
-"""job.json: what one job was (spec, processes, environment, timing); written last, on rank 0.
+"""job.json: what one job was (its key, processes, environment, timing); written last, on rank 0.
 
 The merge checks a job's table against ``job_table_rows``; a job whose job.json is missing did
 not finish (staging then publish writes it last).
@@ -6,42 +6,44 @@ not finish (staging then publish writes it last).
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
+from energysweep.job.sections import as_dict
+from energysweep.job.spec import LaunchedJob
 from energysweep.tables import shards
-from energysweep.tables.io import write_text_atomic
+from energysweep.tables.io import write_json_atomic
 
 
 def write_job_record(
-    spec: dict,
+    job: LaunchedJob,
     audits: list[dict],
     environment: dict,
     timing: dict,
-    job_table_rows: int | None = None,
+    job_table_rows: int,
 ) -> None:
-    """Write ``spec["outputs"]["job_json"]`` atomically.
+    """Write ``job.outputs.job_json`` atomically.
 
     Args:
-        spec: the job spec the ranks read.
+        job: the launched job the ranks read.
         audits: every rank's process audit (``RankContext.audit``), in rank order.
         environment: :func:`energysweep.measure.provenance.job_environment` of the job.
         timing: rank 0's wall time, model load, idle baseline and window totals.
-        job_table_rows: rows of the job table (None where the job writes none).
+        job_table_rows: rows of the job table.
     """
     record = {
-        "job_id": spec["job_id"],
-        "job": spec["job"],
-        "config_hash": spec["config_hash"],
-        "code_version": spec["code_version"],
-        "launch_argv": spec.get("launch_argv"),
+        "job_id": job.job_id,
+        "job": dataclasses.asdict(job.key),
+        "config_hash": job.config_hash,
+        "code_version": job.code_version,
+        "launch_argv": job.launch_argv,
         "processes": audits,
         "environment": environment,
-        "measurement": spec["measurement"],
-        "engine": spec.get("engine"),  # engine jobs only (config `engine:`)
-        "seed": spec["seed"],
+        "measurement": as_dict(job.measurement),
+        "engine": as_dict(job.engine) if job.engine is not None else None,  # engine jobs only
+        "seed": job.seed,
         "timing": timing,
         # What the merge checks the job table against (aggregate.merge).
         "job_table_rows": job_table_rows,
         "schema_version": shards.SCHEMA_VERSION,
     }
-    write_text_atomic(json.dumps(record, indent=2, default=str), spec["outputs"]["job_json"])
+    write_json_atomic(record, job.outputs.job_json)

@@ -1,6 +1,6 @@
 """The power timeline table, ``power.parquet``: schema, clock event reason bits and reader.
 
-Written once per job next to ``job.json`` by rank 0 (energy/sampler.py): one row per sample of
+Written once per job to ``JobDir.power`` by rank 0 (energy/sampler.py): one row per sample of
 each GPU a rank measures, with NVML's power reading (mW), the cumulative energy counter (mJ) and
 the clock event (throttle) reason bitmask at a wall-clock time in ns (lines up with the shards'
 window edges). Without a GPU, or with ``measurement.sampler_hz: 0``, it holds one row per rank
@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-
-FILENAME = "power.parquet"
 
 SCHEMA = pa.schema(
     [
@@ -56,11 +54,6 @@ def reason_names(mask) -> str:
         return ""
     m = int(mask)
     return ",".join(n for n, bit in CLOCK_EVENT_REASONS.items() if m & bit)
-
-
-def power_files(shards_dir: str | Path) -> list[Path]:
-    """Every job's power.parquet under ``shards_dir`` (results/shards)."""
-    return sorted(Path(shards_dir).rglob(FILENAME))
 
 
 def load_power(paths: list[str | Path]) -> pd.DataFrame:

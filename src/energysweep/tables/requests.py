@@ -1,15 +1,13 @@
 """The per-request timing table of the engine backends, ``requests.parquet``: its schema.
 
 One row per request the engine served (vLLM, TensorRT-LLM), all replicas, warm-up included;
-backends/request_log.py writes it next to ``job.json``. A row carries the wall-clock edges of the
-``generate`` call it was part of, so it joins to its measured window by ``window_start_ns <=
-call_start_ns`` and ``call_end_ns <= window_end_ns``. Nothing unmeasured is 0: a request without
-engine metrics has null timings and ``metrics_status = unavailable``.
+backends/request_log.py writes it to ``job.outputs.requests`` (a ``JobDir`` path). A row carries
+the wall-clock edges of the ``generate`` call it was part of, so it joins to its measured window
+by ``window_start_ns <= call_start_ns`` and ``call_end_ns <= window_end_ns``. Nothing unmeasured
+is 0: a request without engine metrics has null timings and ``metrics_status = unavailable``.
 """
 
 from __future__ import annotations
-
-FILENAME = "requests.parquet"
 
 # (name, arrow type name, description) — arrow types are built lazily (pyarrow import).
 COLUMNS: list[tuple[str, str, str]] = [

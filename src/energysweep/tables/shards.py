@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from energysweep.job.spec import JOB_KEYS
 from energysweep.tables.io import write_atomic
 
 # v2: phase prefill, energy_source, min_window_s, Zeus cross-check, idle baseline, host (RAPL)
@@ -29,7 +30,8 @@ _COLUMNS_TABLE = """
 # The job: one model load, one layout, one code version.
 schema_version          int16   -    version of this schema
 job_id                  string  -    unique id of the job run (one model load, one layout)
-config_hash             string  -    sha256 prefix of the settings that determine this job
+config_hash             string  -    sha256 prefix of the settings that determine this job (its
+                                     JobSpec, no paths: job.spec.config_hash; not the sweep_hash)
 code_version            string  -    energysweep version + git commit (+dirty)
 model                   string  -    model name from the config
 backend                 string  -    pytorch | vllm | tensorrt-llm
@@ -45,9 +47,10 @@ launcher_processes      int16   -    processes our code ran in, as the process a
                                      (tp*pp*dp for torchrun, dp for direct, 1 for mpi)
 gpu_workers             int16   -    processes computing on a GPU: tp*pp*dp in every mode
 # The GPU setting the job asked for (grid axes gpu.power_limit_w, gpu.clock; part of the point).
-gpu_power_limit_request string  -    the point's gpu.power_limit_w in W, or unset (left as the node
-                                     has it)
-gpu_clock_request       string  -    the point's gpu.clock (Slurm --gpu-freq vocabulary), or unset
+power_limit_w           string  -    the point's gpu.power_limit_w in W as text (300, 312.5), or
+                                     unset (left as the node has it); a job-key column
+gpu_clock               string  -    the point's gpu.clock (Slurm --gpu-freq vocabulary), or unset;
+                                     a job-key column
 # The window: one (batch size, repetition, phase) of the job, and what ran in it.
 batch_size              int32   -    per-replica batch size
 global_batch_size       int32   -    batch_size * dp
@@ -169,22 +172,11 @@ def _parse_columns(text: str) -> list[tuple[str, pa.DataType, bool, str]]:
 
 COLUMNS = _parse_columns(_COLUMNS_TABLE)
 
-# A measure job's directory holds one shard per (batch size, repetition), bs~B/rep~R.parquet, and
-# the same rows again in one file, the job table (what aggregation reads: one file per job).
-JOB_TABLE = "shards.parquet"
+# A measure job's directory (energysweep.job.spec.JobDir) holds one shard per (batch size,
+# repetition) and the same rows again in one file, the job table (what aggregation reads).
 
 # A grid point, and one measured window of it (a job runs each point's repetitions and phases).
-POINT_KEYS = [
-    "model",
-    "backend",
-    "scenario",
-    "tp",
-    "pp",
-    "dp",
-    "gpu_power_limit_request",
-    "gpu_clock_request",
-    "batch_size",
-]
+POINT_KEYS = [*JOB_KEYS, "batch_size"]
 WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
 
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null, _ in COLUMNS])

@@ -27,7 +27,6 @@ Snakemake target ``preflight`` runs it once per node slot and prints the verdict
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -35,9 +34,14 @@ import time
 from pathlib import Path
 
 from energysweep.hw import nvml as hw_nvml
+from energysweep.job.sections import schema_defaults
+from energysweep.tables.io import write_json_atomic
 from energysweep.tables.power import CLOCK_EVENT_REASONS, reason_names
+from energysweep.validity.require import REQUIRE
 
 OK, FAIL, WARN, UNAVAILABLE, SKIPPED = "ok", "fail", "warn", "unavailable", "skipped"
+# Seconds each GPU's counter and idle power are polled.
+PROBE_SECONDS = 3.0
 
 
 def probe_gpu(
@@ -194,10 +198,11 @@ def _rapl_check(root=None) -> dict:
 
 
 def run(
-    seconds: float = 3.0,
-    require: str = "auto",
-    max_idle_std_w: float = 5.0,
-    throttle_reasons=("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"),
+    seconds: float,
+    require: str,
+    max_idle_std_w: float,
+    throttle_reasons,
+    *,
     cuda_visible_devices: str | None = None,
     torch_uuids=None,
     rapl_root=None,
@@ -206,6 +211,8 @@ def run(
     """All checks on this node; returns the report (see the module docstring).
 
     Args:
+        require: ``measurement.require_energy``; ``max_idle_std_w`` and ``throttle_reasons``:
+            the ``validity`` thresholds of the same names.
         torch_uuids: the CUDA devices' UUIDs, or a function returning them (called only where
             NVML works); each must be found in NVML.
         zeus: also compare Zeus with NVML where Zeus is installed.
@@ -351,29 +358,33 @@ def verdict(reports: list[dict]) -> str:
 
 def write_report(report: dict, out_dir: str | Path, name: str | None = None) -> Path:
     out = Path(out_dir) / f"{name or report['host']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    os.replace(tmp, out)
+    write_json_atomic(report, out)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Energy measurement preflight of this node.")
     parser.add_argument("--out", default="results/preflight", help="directory for <host>.json")
+    # Without a config, the schema's defaults (read from the schema, where they are written).
+    measurement, validity = schema_defaults("measurement"), schema_defaults("validity")
     parser.add_argument(
         "--require",
-        default="auto",
-        choices=["auto", "gpu", "host", "none"],
+        default=measurement["require_energy"],
+        choices=list(REQUIRE),
         help="measurement.require_energy: what must be measurable",
     )
-    parser.add_argument("--seconds", type=float, default=3.0, help="counter/idle polling time")
-    parser.add_argument("--max-idle-std-w", type=float, default=5.0)
+    parser.add_argument(
+        "--seconds", type=float, default=PROBE_SECONDS, help="counter/idle polling time"
+    )
+    parser.add_argument(
+        "--max-idle-std-w", type=float, default=validity["max_idle_std_w"], help="validity key"
+    )
     args = parser.parse_args(argv)
     report = run(
         args.seconds,
         args.require,
         args.max_idle_std_w,
+        validity["throttle_reasons"],
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         torch_uuids=hw_nvml.torch_uuids,
     )

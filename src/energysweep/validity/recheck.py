@@ -33,8 +33,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, power_files, reason_names
+from energysweep.job.spec import JobDir
+from energysweep.tables.power import CLOCK_EVENT_REASONS, load_power, reason_names
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.tables.status import ACCEPTED, Status
 from energysweep.validity.timeline import (
     NO_COUNTER,
     NO_TIMELINE,
@@ -104,7 +106,7 @@ def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
     )
     gpu_less = gpu_less[gpu_less["_merge"] == "left_only"].drop(columns="_merge")
     out = pd.concat([with_gpu, gpu_less], ignore_index=True).drop(columns="_has_gpu")
-    measured = out["gpu_energy_status"].isin(["measured", "short-window"]) & out["status"].eq("ok")
+    measured = out["gpu_energy_status"].isin(ACCEPTED) & out["status"].eq(Status.OK)
     out["counter_energy_j"] = (out["gpu_energy_mj"] / 1e3).where(measured)
     return out
 
@@ -344,8 +346,8 @@ def from_published(energy: str | Path, shards_dir: str | Path) -> pd.DataFrame:
     )
     for k in ("model", "backend"):  # hive partition columns come back as dictionaries
         rows[k] = rows[k].astype(str)
-    idle = idle_bounds(sorted(Path(shards_dir).rglob("job.json")))
-    return recheck(rows, load_power(power_files(shards_dir)), idle)
+    idle = idle_bounds(JobDir.find(shards_dir, "job_json"))
+    return recheck(rows, load_power(JobDir.find(shards_dir, "power")), idle)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,8 @@ with all ranks' reasons, so no rank waits at a barrier for one that gave up.
 
 from __future__ import annotations
 
+from energysweep.job.sections import Measurement
+
 REQUIRE = ("auto", "gpu", "host", "none")
 
 
@@ -30,17 +32,14 @@ def resolve(require: str, device: str) -> str:
     return require
 
 
-def check_config(measurement: dict) -> list[str]:
+def check_config(measurement: Measurement) -> list[str]:
     """Contradictions in the ``measurement`` section (config load time): problem texts."""
-    if measurement.get("require_energy") == "gpu" and measurement.get("energy_source") == "none":
+    if measurement.require_energy == "gpu" and measurement.energy_source == "none":
         return [
             "config key measurement.require_energy is gpu but measurement.energy_source is "
             "none: set energy_source to auto or nvml, or require_energy to auto or none"
         ]
-    if (
-        measurement.get("require_energy") == "host"
-        and measurement.get("host_energy_source") == "none"
-    ):
+    if measurement.require_energy == "host" and measurement.host_energy_source == "none":
         return [
             "config key measurement.require_energy is host but "
             "measurement.host_energy_source is none: set it to auto or rapl"
@@ -49,7 +48,7 @@ def check_config(measurement: dict) -> list[str]:
 
 
 def rank_problem(
-    measurement: dict, device: str, gpu_uuids: list[str], local_rank: int, host_root=None
+    measurement: Measurement, device: str, gpu_uuids: list[str], local_rank: int, host_root=None
 ) -> str | None:
     """Why this rank cannot read the required energy (None when it can or nothing is required).
 
@@ -57,11 +56,11 @@ def rank_problem(
     """
     from energysweep.energy import make_source
 
-    need = resolve(measurement.get("require_energy", "auto"), device)
+    need = resolve(measurement.require_energy, device)
     if need == "none":
         return None
     if need == "gpu":
-        kind = measurement.get("energy_source", "auto")
+        kind = measurement.energy_source
         try:
             source = make_source(kind, device, gpu_uuids)
         except Exception as exc:  # explicit sources raise with the reason
@@ -95,7 +94,7 @@ def rank_problem(
 
 
 def check_job(
-    measurement: dict,
+    measurement: Measurement,
     device: str,
     gpu_uuids: list[str],
     local_rank: int,
@@ -114,7 +113,7 @@ def check_job(
     if failed:
         lines = [f"rank {r['rank']} on {r['host']}: {r['problem']}" for r in failed]
         raise EnergyRequired(
-            f"measurement.require_energy is {measurement.get('require_energy', 'auto')}: "
+            f"measurement.require_energy is {measurement.require_energy}: "
             "this job cannot read the energy it must measure, so it stops before loading the "
             "model:\n  " + "\n  ".join(lines) + "\nFix the node (run `make preflight`), or set "
             "measurement.require_energy to none to record unavailable energy instead."

@@ -21,6 +21,7 @@ import pandas as pd
 
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.tables.status import ACCEPTED, EnergyStatus, Status
 
 ROW_COLUMNS = [
     *WINDOW_KEYS,
@@ -45,7 +46,7 @@ STAGE_COLUMNS = [
     "cpu_time_s",
     "cpu_time_share",
 ]
-MEASURED = ("measured", "short-window")
+MEASURED = ACCEPTED
 
 
 def _complete_sum(g, column: str) -> pd.Series:
@@ -55,7 +56,7 @@ def _complete_sum(g, column: str) -> pd.Series:
 
 def per_window(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (ok window, pp_rank): GPU energy (J), GPU count and CPU time of the stage."""
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == Status.OK]
     keys = [*WINDOW_KEYS, "pp_rank"]
     gpus = ok[ok["gpu_uuid"].notna()].drop_duplicates([*WINDOW_KEYS, "gpu_uuid"]).copy()
     gpus["_j"] = (gpus["gpu_energy_mj"] / 1e3).where(gpus["gpu_energy_status"].isin(MEASURED))
@@ -93,7 +94,7 @@ def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
     out["gpu_energy_status"] = np.where(
         out["gpu_energy_j"].notna(),
-        "measured",
+        EnergyStatus.MEASURED,
         np.where(
             out["n_gpus"] == 0,
             "unavailable (no GPU energy measured)",
@@ -105,7 +106,7 @@ def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _per_gpu_ratio(rows: pd.DataFrame) -> pd.DataFrame:
     """Per ok window the max/min ratio of its single GPUs' energy (null unless all measured)."""
-    ok = rows[(rows["status"] == "ok") & rows["gpu_uuid"].notna()]
+    ok = rows[(rows["status"] == Status.OK) & rows["gpu_uuid"].notna()]
     gpus = ok.drop_duplicates([*WINDOW_KEYS, "gpu_uuid"]).copy()
     gpus["_j"] = gpus["gpu_energy_mj"].where(gpus["gpu_energy_status"].isin(MEASURED))
     g = gpus.groupby(WINDOW_KEYS, sort=True)
@@ -181,6 +182,6 @@ def summary_columns(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         elif pd.isna(energy):
             status.append(f"no-stage-energy (GPU energy {gpu_status}; cpu_time measured)")
         else:
-            status.append("ok")
+            status.append(Status.OK)
     out["stage_status"] = status
     return out.drop(columns=["stages_seen", *POINT_KEYS]).set_index(summary.index)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from energysweep.tables.status import Status
+
 # Status of a re-check row.
-OK = "ok"
+OK = Status.OK
 NO_COUNTER = "no-counter-energy"  # the window has no counter figure to compare (CPU, failed)
 NO_TIMELINE = "no-timeline"  # no power samples of this GPU in the job
 NOT_COVERED = "timeline-not-covering"  # samples do not span the window

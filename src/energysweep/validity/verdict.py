@@ -14,14 +14,18 @@ counter period, clock event reasons, idle stability).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from energysweep.job.sections import load_section
+from energysweep.job.spec import JobDir
 from energysweep.tables import power as tp
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
+from energysweep.tables.status import ACCEPTED, NOT_IN_EFFECT, EnergyStatus, Status
 from energysweep.validity import recheck as rc
 from energysweep.validity import stages as st
 
@@ -57,19 +61,28 @@ GPU_CHECKS = (
 # Checks that need at least one ok window.
 WINDOW_CHECKS = ["window_short", "few_iterations", "steady_state_short", "batch_not_full"]
 
-DEFAULTS = {
-    "counter_period_s": 0.1,
-    "min_counter_periods": 50,
-    "min_iterations": 32,
-    "min_steady_state_s": 20,
-    "min_ok_repetitions": 3,
-    "max_ci_half_width": 0.05,
-    "max_idle_std_w": 5,
-    "throttle_reasons": ["hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"],
-    "max_recheck_deviation": 0.1,
-    "min_batch_fill": 1.0,
-    "require_timeline": True,
-}
+
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    """Config section ``validity``: the verdict's thresholds (schema defaults, written once)."""
+
+    counter_period_s: float
+    min_counter_periods: float
+    min_iterations: int
+    min_steady_state_s: float
+    min_ok_repetitions: int
+    max_ci_half_width: float
+    max_idle_std_w: float
+    throttle_reasons: list[str]
+    max_recheck_deviation: float
+    min_batch_fill: float
+    require_timeline: bool
+
+    @classmethod
+    def from_config(cls, section: dict) -> Thresholds:
+        """The validated config's ``validity`` section (every key present: defaults filled)."""
+        return load_section(cls, section, "validity")
+
 
 # New summary columns -> status columns that explain a null in them (aggregate.nulls).
 _GPU = ("gpu_energy_status", "status")
@@ -94,11 +107,6 @@ INFO_COLUMNS = {"invalid_reasons", "validity_unchecked", "clock_event_reasons_se
 ROW_COLUMNS = sorted(
     set(rc.ROW_COLUMNS) | set(st.ROW_COLUMNS) | {"requests", "iterations", "gpu_name"}
 )
-
-
-def settings(cfg: dict | None) -> dict:
-    """``validity:`` config with defaults for missing keys."""
-    return {**DEFAULTS, **(cfg or {})}
 
 
 def _throttle_mask(names) -> int:
@@ -127,7 +135,7 @@ def _per_point(frame: pd.DataFrame, summary: pd.DataFrame, column: str, how: str
 
 
 def annotate(
-    summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame, cfg: dict | None = None
+    summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame, c: Thresholds
 ) -> pd.DataFrame:
     """``summary`` with the verdict, re-check, stage and ML.ENERGY-parity columns added.
 
@@ -135,13 +143,12 @@ def annotate(
         summary: one row per point (energysweep.aggregate.points.summarize).
         rows: merged shard rows with at least :data:`ROW_COLUMNS`.
         validation: the re-check table (energysweep.validity.recheck.recheck).
-        cfg: the config's ``validity:`` section (defaults for missing keys).
+        c: the thresholds (the config's ``validity:`` section, :meth:`Thresholds.from_config`).
     """
     if summary.empty:
         return summary
-    c = settings(cfg)
     s = summary.copy()
-    ok_head = rows[(rows["status"] == "ok") & rows["phase"].isin(HEADLINE_PHASES)]
+    ok_head = rows[(rows["status"] == Status.OK) & rows["phase"].isin(HEADLINE_PHASES)]
     win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
     win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
     s["batch_fill"] = _per_point(win, s, "batch_fill", "median")
@@ -153,9 +160,7 @@ def annotate(
     )
 
     gpu_status = s["gpu_energy_status"].astype(str)
-    has_energy = (
-        gpu_status.str.contains("measured|short-window") & s["energy_per_iteration_j"].notna()
-    )
+    has_energy = gpu_status.str.contains("|".join(ACCEPTED)) & s["energy_per_iteration_j"].notna()
     checks = _recheck_columns(s, validation, win, has_energy, c)
     _idle_columns(s, rows, validation[validation["scope"] == "idle"], has_energy)
     s["ci_half_width_fraction"] = _ci_half_width_fraction(s)
@@ -174,7 +179,11 @@ def annotate(
 
 
 def _recheck_columns(
-    s: pd.DataFrame, validation: pd.DataFrame, win: pd.DataFrame, has_energy: pd.Series, c: dict
+    s: pd.DataFrame,
+    validation: pd.DataFrame,
+    win: pd.DataFrame,
+    has_energy: pd.Series,
+    c: Thresholds,
 ) -> dict:
     """Adds the re-check columns to ``s`` (in place); returns what the verdict needs from them:
     the counter period, and per point whether a window was unchecked, stuck or throttled."""
@@ -183,7 +192,7 @@ def _recheck_columns(
     vg = validation[(validation["scope"] == "gpu") & validation["phase"].isin(HEADLINE_PHASES)]
     vg = vg.merge(win[WINDOW_KEYS], on=WINDOW_KEYS, how="inner")
     observed = _per_point(vg, s, "observed_counter_period_s", "max")
-    period = np.fmax(float(c["counter_period_s"]), np.nan_to_num(observed, nan=0.0))
+    period = np.fmax(float(c.counter_period_s), np.nan_to_num(observed, nan=0.0))
     s["counter_period_s"] = period
     s["observed_counter_period_s"] = observed
     vw_ratio = vw.assign(_dev=(vw["timeline_counter_ratio"] - 1).abs())
@@ -197,15 +206,15 @@ def _recheck_columns(
         np.where(
             any_unchecked,
             "incomplete (a window could not be re-checked: validation.parquet says why)",
-            "ok",
+            Status.OK,
         ),
     )
     stuck = vg["counter_stuck"].fillna(False).astype(bool) | (
-        (vg["counter_energy_j"] == 0) & (vg["duration_s"] >= 2 * c["counter_period_s"])
+        (vg["counter_energy_j"] == 0) & (vg["duration_s"] >= 2 * c.counter_period_s)
     )
     s_stuck = _per_point(vg.assign(_stuck=stuck.astype(float)), s, "_stuck", "any") > 0
     reasons_or = vg["clock_event_reasons"].astype("Float64").fillna(0).astype(np.int64)
-    mask = _throttle_mask(c["throttle_reasons"])
+    mask = _throttle_mask(c.throttle_reasons)
     throttled = (
         _per_point(vg.assign(_t=((reasons_or & mask) != 0).astype(float)), s, "_t", "any") > 0
     )
@@ -238,7 +247,7 @@ def _idle_columns(
         "not-applicable (no GPU energy)",
         np.where(
             s["idle_gpu_power_std_w"].notna(),
-            "ok",
+            Status.OK,
             "unavailable (no idle baseline or no power samples in it)",
         ),
     )
@@ -262,7 +271,7 @@ def _ci_half_width_fraction(s: pd.DataFrame) -> np.ndarray:
 
 def _verdict(
     s: pd.DataFrame,
-    c: dict,
+    c: Thresholds,
     gpu_status: pd.Series,
     has_energy: pd.Series,
     layout_gpus: pd.Series,
@@ -276,20 +285,20 @@ def _verdict(
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
         **_setting_fails(s),
-        "no_gpu_energy": ~has_energy & ~gpu_status.str.contains("partial"),
-        "partial_gpus": gpu_status.str.contains("partial")
+        "no_gpu_energy": ~has_energy & ~gpu_status.str.contains(EnergyStatus.PARTIAL),
+        "partial_gpus": gpu_status.str.contains(EnergyStatus.PARTIAL)
         | (has_energy & (s["n_gpus"] < layout_gpus)),
         "counter_stuck": has_energy & s_stuck,
-        "window_short": ~(window_s >= c["min_counter_periods"] * period),
-        "few_iterations": ~(s["iterations_per_window"] >= c["min_iterations"]),
-        "steady_state_short": ~(s["steady_state_s"] >= c["min_steady_state_s"]),
-        "few_repetitions": s["repetitions_ok"] < c["min_ok_repetitions"],
-        "ci_wide": has_energy & (s["ci_half_width_fraction"] > c["max_ci_half_width"]),
-        "batch_not_full": ~(s["batch_fill"] >= c["min_batch_fill"] - 1e-9),
-        "idle_unstable": has_energy & (s["idle_gpu_power_std_w"] > c["max_idle_std_w"]),
+        "window_short": ~(window_s >= c.min_counter_periods * period),
+        "few_iterations": ~(s["iterations_per_window"] >= c.min_iterations),
+        "steady_state_short": ~(s["steady_state_s"] >= c.min_steady_state_s),
+        "few_repetitions": s["repetitions_ok"] < c.min_ok_repetitions,
+        "ci_wide": has_energy & (s["ci_half_width_fraction"] > c.max_ci_half_width),
+        "batch_not_full": ~(s["batch_fill"] >= c.min_batch_fill - 1e-9),
+        "idle_unstable": has_energy & (s["idle_gpu_power_std_w"] > c.max_idle_std_w),
         "throttled": has_energy & throttled,
-        "no_timeline": has_energy & any_unchecked & bool(c["require_timeline"]),
-        "recheck_mismatch": has_energy & (s["recheck_max_deviation"] > c["max_recheck_deviation"]),
+        "no_timeline": has_energy & any_unchecked & bool(c.require_timeline),
+        "recheck_mismatch": has_energy & (s["recheck_max_deviation"] > c.max_recheck_deviation),
     }
     fails = {k: np.array(v, dtype=bool) for k, v in fails.items()}
     # A point with no ok window has nothing to time: few_repetitions says it, and the window
@@ -303,7 +312,7 @@ def _verdict(
         skip = [] if has_energy.iloc[i] else list(GPU_CHECKS)
         if no_ok[i]:
             skip += WINDOW_CHECKS
-        if has_energy.iloc[i] and s["idle_check_status"].iloc[i] != "ok":
+        if has_energy.iloc[i] and s["idle_check_status"].iloc[i] != Status.OK:
             skip.append("idle_unstable")
         if has_energy.iloc[i] and any_unchecked[i]:
             skip += ["counter_stuck", "throttled", "recheck_mismatch"]
@@ -316,7 +325,7 @@ def _verdict(
 def _setting_fails(s: pd.DataFrame) -> dict:
     """``cap_not_applied``/``clock_not_applied``: a setting asked for is not what was measured
     at (refused, read back otherwise, or not verifiable: energysweep.aggregate.gpu_setting)."""
-    bad = {"refused", "not-applied", "unverified"}
+    bad = [str(x) for x in NOT_IN_EFFECT]
     out = {}
     for code, column in (
         ("cap_not_applied", "gpu_power_limit_status"),
@@ -327,15 +336,14 @@ def _setting_fails(s: pd.DataFrame) -> dict:
 
 
 def evaluate(
-    summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path], cfg: dict | None
+    summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path], thresholds: Thresholds
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Re-check (validation table), stages and verdict: the merge step's hook.
 
     Returns the annotated summary, the validation table and the per-stage table; the merge
     writes them together with its other outputs (all or nothing).
     """
-    power = tp.load_power(
-        [Path(j).with_name(tp.FILENAME) for j in jobs if Path(j).with_name(tp.FILENAME).is_file()]
-    )
+    power_files = [JobDir.of(j).power for j in jobs]
+    power = tp.load_power([p for p in power_files if Path(p).is_file()])
     validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
-    return annotate(summary, rows, validation, cfg), validation, st.stage_table(rows)
+    return annotate(summary, rows, validation, thresholds), validation, st.stage_table(rows)

@@ -2,7 +2,7 @@
 
 The grid axes ``gpu.power_limit_w`` and ``gpu.clock`` (config/config.schema.yaml) ask for a
 power limit in W and applications clocks in Slurm's ``--gpu-freq`` vocabulary
-(:mod:`energysweep.hw.gpu_freq`); a clock resolves on each GPU exactly as Slurm's gpu/nvml plugin
+(:mod:`energysweep.job.gpu_freq`); a clock resolves on each GPU exactly as Slurm's gpu/nvml plugin
 resolves it, so the target a rank verifies is the one Slurm would set.
 
 Who sets what: the launcher (energysweep.launch.gpu_guard) remembers each GPU's settings, sets
@@ -17,14 +17,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from energysweep.hw import nvml
-from energysweep.hw.gpu_freq import ClockSpec, nearest, parse_clock
+from energysweep.job.gpu_freq import ClockSpec, nearest, parse_clock
+from energysweep.tables.status import SettingStatus
 
-UNSET = "unset"
 # Outcomes of a setting on one GPU (shard columns gpu_power_limit_status, gpu_clock_status).
-APPLIED = "applied"  # read back equal to the target
-REFUSED = "refused"  # the setter raised (no permission, invalid value, a site's refusal)
-NOT_APPLIED = "not-applied"  # nobody refused, yet the read-back differs from the target
-UNVERIFIED = "unverified"  # no GPU (or no NVML) to read it back from
+UNSET = SettingStatus.UNSET
+APPLIED = SettingStatus.APPLIED
+REFUSED = SettingStatus.REFUSED
+NOT_APPLIED = SettingStatus.NOT_APPLIED
+UNVERIFIED = SettingStatus.UNVERIFIED
 
 
 def error_text(exc: BaseException) -> str:
@@ -57,8 +58,8 @@ class GpuSetting:
     default_mem_clock_mhz: int | None = None
     previous_power_limit_mw: int | None = None
     previous_app_clocks_mhz: list[int] | None = None  # [mem, sm]
-    power_limit_status: str = UNSET
-    clock_status: str = UNSET
+    power_limit_status: SettingStatus = UNSET
+    clock_status: SettingStatus = UNSET
     detail: list[str] = field(default_factory=list)
     # What this job changed (and so must put back).
     changed_power_limit: bool = False
@@ -69,7 +70,9 @@ class GpuSetting:
 
     @classmethod
     def from_dict(cls, data: dict) -> GpuSetting:
-        return cls(**data)
+        """The inverse of :meth:`to_dict` (the statuses back as :class:`SettingStatus`)."""
+        return cls(**{**data, "power_limit_status": SettingStatus(data["power_limit_status"]),
+                      "clock_status": SettingStatus(data["clock_status"])})  # fmt: skip
 
 
 def _remember(handle, setting: GpuSetting) -> None:

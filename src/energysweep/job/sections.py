@@ -1,0 +1,205 @@
+"""The config sections, as frozen dataclasses: one class per schema section (those a job
+carries, and ``gpu`` and ``facility``, which the grid and the aggregate read).
+
+Each class's fields are exactly the properties of its section in ``config/config.schema.yaml``
+(tests/unit/test_jobspec.py holds them equal), and none has a default: every value comes from the
+validated config, whose defaults the schema fills (``energysweep.sweep.config.validate_schema``).
+A default is written once, in the schema.
+
+:func:`load_section` builds a section from its dict (the config's, or the JSON the ranks read)
+and refuses unknown or missing keys, so a spec that is not what the validated config makes fails
+loudly instead of falling back to a value nobody chose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+# The one place a config default is written.
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "config.schema.yaml"
+
+
+class JobSpecError(ValueError):
+    """A job spec (or one of its sections) that is not what the validated config makes."""
+
+
+def load_section(cls: type[T], data, where: str) -> T:
+    """``cls(**data)``; a key that is not a field, or a field without a key, is an error.
+
+    Args:
+        where: the section's name in the error (``measurement``, ``.spec.json: limits``).
+
+    Raises:
+        JobSpecError: naming the unknown and the missing keys.
+    """
+    if not isinstance(data, dict):
+        raise JobSpecError(f"{where}: expected an object, got {type(data).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    missing = [n for n in names if n not in data]
+    if unknown or missing:
+        raise JobSpecError(
+            f"{where}: unknown keys {unknown}, missing keys {missing}; a job is built from the "
+            "validated config (energysweep.job.spec.JobSpec.from_config), which has every key"
+        )
+    return cls(**data)
+
+
+def schema_defaults(section: str) -> dict:
+    """The schema's default of every key of config section ``section``, read from the schema.
+
+    For a command that runs without a config (``python -m energysweep.validity.preflight``);
+    a job's values come from its validated config instead.
+    """
+    import yaml
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    return {k: p["default"] for k, p in schema["properties"][section]["properties"].items()}
+
+
+def as_dict(section) -> dict:
+    """A section as its JSON object (the inverse of :func:`load_section`)."""
+    return dataclasses.asdict(section)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """Config section ``workload``: what every grid point runs (``job.workload.repetitions``)."""
+
+    prompts: str
+    batch_sizes: list[int]
+    max_input_tokens: int
+    output_tokens: int
+    warmup_iterations: int
+    iterations: int
+    repetitions: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """Config section ``measurement``: how energy is read and windows are formed
+    (``job.measurement.sampler_hz``, ``job.measurement.min_window_s``)."""
+
+    energy_source: str
+    host_energy_source: str
+    device: str
+    min_window_s: float
+    idle_baseline_s: float
+    cooldown_s: float
+    sampler_hz: float
+    prefill_pass: bool
+    require_energy: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training:
+    """Config section ``training``: what a training job runs at each batch size."""
+
+    steps: int
+    warmup_steps: int
+    seq_len: int
+    data: str
+    optimizer: str
+    lr: float
+    microbatches: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine:
+    """Config section ``engine``: options of the vLLM and TensorRT-LLM engines."""
+
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    cpu_kvcache_gib: int
+    max_model_len: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Config section ``limits``: how long a failing job may take to fail. No setting: a limit
+    changes no measurement, so it is not part of a job's config hash."""
+
+    job_timeout_s: float
+    collective_timeout_s: float
+    kill_grace_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpu:
+    """Config section ``gpu``: the GPU setting axes and how they are applied, as the grid reads
+    it (energysweep.sweep.settings). A job carries its own point only: the axis values in its
+    key and ``power_limit_method`` on the job (``job.gpu``)."""
+
+    power_limit_w: list[float | None]
+    clock: list[str | int | None]
+    power_limit_method: str
+    prolog_constraint: str
+
+    @classmethod
+    def from_config(cls, config: dict) -> Gpu:
+        """The validated config's ``gpu`` section (every key present: defaults filled)."""
+        return load_section(cls, config["gpu"], "gpu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """One estimate of config section ``facility`` (``facility.pue``,
+    ``facility.carbon_intensity_g_per_kwh``): a value with its band and provenance, or all None
+    (not estimated)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    source: str | None
+    year: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facility:
+    """Config section ``facility``: the estimates beyond what is measured (the energy boundary
+    ladder's facility and CO2e rungs, energysweep.aggregate.ladder). No job carries it: it
+    changes no measurement."""
+
+    pue: Estimate
+    carbon_intensity_g_per_kwh: Estimate
+
+    @classmethod
+    def from_config(cls, section: dict) -> Facility:
+        """The validated config's ``facility`` section (every key present: defaults filled)."""
+        estimates = {k: load_section(Estimate, v, f"facility.{k}") for k, v in section.items()}
+        return load_section(cls, estimates, "facility")
+
+    def estimates(self) -> dict[str, Estimate]:
+        """Config key name -> its estimate."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelEntry:
+    """One entry of config ``models``; ``spec`` and ``dims`` are None where the entry has none."""
+
+    name: str
+    path: str
+    spec: dict | None
+    dims: dict | None
+
+    @classmethod
+    def from_config(cls, entry: dict) -> ModelEntry:
+        """The entry as the validated config has it (``spec`` and ``dims`` are optional)."""
+        return load_section(cls, {"spec": None, "dims": None, **entry}, f"models[{entry['name']}]")
+
+
+# Config section name -> its dataclass (what the schema test walks).
+SECTIONS: dict[str, type] = {
+    "workload": Workload,
+    "measurement": Measurement,
+    "training": Training,
+    "engine": Engine,
+    "limits": Limits,
+    "gpu": Gpu,
+    "facility": Facility,
+}

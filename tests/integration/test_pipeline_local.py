@@ -351,8 +351,9 @@ def test_report_renders_in_headless_chromium(local_run, tmp_path):
         environment = pd.read_parquet(wf / "results" / "environment.parquet")
         assert set(environment["env_lock"]) == {"envs/venv.lock"}
         assert set(environment["env_lock_sha256"]) == {lock_sha256}
+        sweep_hash = yaml.safe_load((wf / "results" / "config.yaml").read_text())["sweep_hash"]
         for needle in (
-            "config hash (sweep)",
+            f"sweep hash\t{sweep_hash}",
             code_version,
             lock_sha256,
             "torch",

@@ -362,6 +362,8 @@ def _stages(gpu: bool) -> pd.DataFrame:
                     "tp": 1,
                     "pp": 2,
                     "dp": 1,
+                    "power_limit_w": "unset",
+                    "gpu_clock": "unset",
                     "batch_size": bs,
                     "phase": "generate",
                     "pp_rank": rank,

@@ -94,7 +94,7 @@ def combine_ranks(rows_by_rank: list[list[dict]]) -> list[dict]:
         params = ok[0]["model_parameters"]
         flops = None
         if params is not None and phase in (Phase.GENERATE, Phase.PREFILL):
-            flops = 2.0 * params * ((tin or 0) + (tout or 0))
+            flops = 2.0 * params * (tin + tout) if tin is not None and tout is not None else None
         elif params is not None and phase == Phase.TRAIN and tin is not None:
             flops = 6.0 * params * tin
         update = {

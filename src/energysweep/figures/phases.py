@@ -11,15 +11,11 @@ import energysweep.figures.draw as draw
 from energysweep.figures.data import Quantity
 from energysweep.figures.style import layout_name, layout_style
 from energysweep.tables.phases import HEADLINE_PHASES
+from energysweep.tables.shards import POINT_KEYS
 
+# The columns of results/stages.csv this figure reads.
 STAGE_COLUMNS = [
-    "model",
-    "backend",
-    "scenario",
-    "tp",
-    "pp",
-    "dp",
-    "batch_size",
+    *POINT_KEYS,
     "phase",
     "pp_rank",
     "gpu_energy_j",

@@ -57,6 +57,34 @@ def _panel(
         draw.note(ax, f"{q.what} not measured for: " + ", ".join(names)[:150], where="bottom")
 
 
+def _pair(
+    ax_q, ax_t, rows: pd.DataFrame, x: str, scenario: str, titles, xlabel: str, label_of, empties
+) -> tuple[Quantity | None, Quantity | None]:
+    """Energy per token on ``ax_q`` and throughput on ``ax_t`` for ``rows``; returns both."""
+    q, t = energy_quantity(rows, scenario), throughput_quantity(rows, scenario)
+    _panel(ax_q, rows, x, q, titles[0], xlabel, label_of, empties[0])
+    _panel(ax_t, rows, x, t, titles[1], xlabel, label_of, empties[1])
+    return q, t
+
+
+def _columns(axes, columns, x: str, xlabel: str) -> tuple[Quantity | None, Quantity | None]:
+    """One inference column per ``(title, rows, label_of)``: energy per token over throughput."""
+    q = t = None
+    for i, (title, rows, label_of) in enumerate(columns):
+        q, t = _pair(
+            axes[0, i],
+            axes[1, i],
+            rows,
+            x,
+            "inference",
+            (title, f"{title} — throughput"),
+            xlabel,
+            label_of,
+            ("nothing per token measured", "no throughput measured"),
+        )
+    return q, t
+
+
 def _ci_caption(fig: Figure, q: Quantity | None, t: Quantity | None) -> None:
     with_ci = [x.what for x in (q, t) if x is not None and x.ci is not None]
     if with_ci:
@@ -70,46 +98,50 @@ def _ci_caption(fig: Figure, q: Quantity | None, t: Quantity | None) -> None:
         )
 
 
+# Per scenario of the side-by-side figures: x column, x label, panel titles, notes where empty.
+_SIDE_BY_SIDE = {
+    "inference": ("batch_size", BATCH_LABEL, "Energy per output token", "Throughput", "token"),
+    "training": (
+        "global_batch",
+        TRAIN_BATCH_LABEL,
+        "Training: energy per training token",
+        "Training throughput",
+        "training token",
+    ),
+}
+
+
+def _side_by_side(s: pd.DataFrame, scenario: str) -> Figure:
+    """Energy per token (left) and throughput (right) against batch, one line per layout."""
+    x, xlabel, energy_title, throughput_title, per = _SIDE_BY_SIDE[scenario]
+    rows, fig, axes = draw.scenario_panels(
+        s, scenario, f"no {scenario} points in this sweep", width=5.6, height=4.4
+    )
+    if rows.empty:
+        return fig
+    q, t = _pair(
+        axes[0, 0],
+        axes[0, 1],
+        rows,
+        x,
+        scenario,
+        (energy_title, throughput_title),
+        xlabel,
+        lambda r: draw.series_label(r, rows),
+        (f"nothing per {per} measured", "no throughput measured (every point failed)"),
+    )
+    _ci_caption(fig, q, t)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig
+
+
 def energy_per_token(s: pd.DataFrame) -> Figure:
     """Question 1: energy per output token vs batch size, one line per layout (inference).
 
     Left: GPU energy per output token with its CI (or, where not measured, host energy or CPU
     time per token, labelled as such). Right: output tokens per second with its CI.
     """
-    rows = s[s["scenario"].eq("inference")] if len(s) else s
-    fig, axes = draw.new_figure(1, 2, width=5.6, height=4.4)
-    if rows.empty:
-        draw.only_note(axes[0, 0], "no inference points in this sweep")
-        draw.only_note(axes[0, 1], "no inference points in this sweep")
-        return fig
-    q, t = energy_quantity(rows, "inference"), throughput_quantity(rows, "inference")
-
-    def label(r):
-        return draw.series_label(r, rows)
-
-    _panel(
-        axes[0, 0],
-        rows,
-        "batch_size",
-        q,
-        "Energy per output token",
-        BATCH_LABEL,
-        label,
-        "nothing per token measured (no energy, no CPU time)",
-    )
-    _panel(
-        axes[0, 1],
-        rows,
-        "batch_size",
-        t,
-        "Throughput",
-        BATCH_LABEL,
-        label,
-        "no throughput measured (every point failed)",
-    )
-    _ci_caption(fig, q, t)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    return fig
+    return _side_by_side(s, "inference")
 
 
 def layouts_at_equal_gpus(s: pd.DataFrame) -> Figure:
@@ -133,33 +165,15 @@ def layouts_at_equal_gpus(s: pd.DataFrame) -> Figure:
         )
         return fig
     fig, axes = draw.new_figure(2, len(groups), width=5.0, height=3.9)
-    for i, (backend, world, g) in enumerate(groups):
-        q, t = energy_quantity(g, "inference"), throughput_quantity(g, "inference")
-
-        def label(r, g=g):
-            return draw.series_label(r, g, with_backend=False)
-
-        title = f"{backend}: {world} GPU{'s' if world > 1 else ''} per job"
-        _panel(
-            axes[0, i],
+    columns = [
+        (
+            f"{backend}: {world} GPU{'s' if world > 1 else ''} per job",
             g,
-            "global_batch",
-            q,
-            title,
-            GLOBAL_BATCH_LABEL,
-            label,
-            "nothing per token measured",
+            lambda r, g=g: draw.series_label(r, g, with_backend=False),
         )
-        _panel(
-            axes[1, i],
-            g,
-            "global_batch",
-            t,
-            f"{title} — throughput",
-            GLOBAL_BATCH_LABEL,
-            label,
-            "no throughput measured",
-        )
+        for backend, world, g in groups
+    ]
+    q, t = _columns(axes, columns, "global_batch", GLOBAL_BATCH_LABEL)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     _ci_caption(fig, q, t)
     return fig
@@ -187,26 +201,16 @@ def backends_compared(s: pd.DataFrame) -> Figure:
         )
         return fig
     fig, axes = draw.new_figure(2, len(shared), width=4.6, height=3.9)
-    for i, ((model, tp, pp, dp), g) in enumerate(shared):
-        q, t = energy_quantity(g, "inference"), throughput_quantity(g, "inference")
-
-        def label(r):
-            return str(r["backend"])
-
-        title = layout_name(tp, pp, dp) + (f" ({model})" if rows["model"].nunique() > 1 else "")
-        _panel(
-            axes[0, i], g, "batch_size", q, title, BATCH_LABEL, label, "nothing per token measured"
-        )
-        _panel(
-            axes[1, i],
+    several_models = rows["model"].nunique() > 1
+    columns = [
+        (
+            layout_name(tp, pp, dp) + (f" ({model})" if several_models else ""),
             g,
-            "batch_size",
-            t,
-            f"{title} — throughput",
-            BATCH_LABEL,
-            label,
-            "no throughput measured",
+            lambda r: str(r["backend"]),
         )
+        for (model, tp, pp, dp), g in shared
+    ]
+    q, t = _columns(axes, columns, "batch_size", BATCH_LABEL)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     _ci_caption(fig, q, t)
     return fig
@@ -214,40 +218,4 @@ def backends_compared(s: pd.DataFrame) -> Figure:
 
 def training(s: pd.DataFrame) -> Figure:
     """Question 8: training energy per training token and tokens/s vs global batch per layout."""
-    rows, fig, axes = draw.scenario_panels(
-        s,
-        "training",
-        "no training points in this sweep (scenarios has no training)",
-        width=5.6,
-        height=4.4,
-    )
-    if rows.empty:
-        return fig
-    q, t = energy_quantity(rows, "training"), throughput_quantity(rows, "training")
-
-    def label(r):
-        return draw.series_label(r, rows)
-
-    _panel(
-        axes[0, 0],
-        rows,
-        "global_batch",
-        q,
-        "Training: energy per training token",
-        TRAIN_BATCH_LABEL,
-        label,
-        "nothing per training token measured",
-    )
-    _panel(
-        axes[0, 1],
-        rows,
-        "global_batch",
-        t,
-        "Training throughput",
-        TRAIN_BATCH_LABEL,
-        label,
-        "no training throughput measured (every point failed)",
-    )
-    _ci_caption(fig, q, t)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    return fig
+    return _side_by_side(s, "training")

@@ -137,8 +137,9 @@ node_energy_detail      string  null Slurm's energy plugin and step, or why node
 model_parameters        int64   null parameters of one model replica (all its ranks)
 model_parameters_method string  -    counted (checkpoint config built on the meta device) | config
                                      (models[].dims) | unavailable
-flops_estimate          float64 null ESTIMATE 2 * model_parameters * (input_tokens + output_tokens):
-                                     window FLOPs, all GPUs
+flops_estimate          float64 null ESTIMATE window FLOPs, all GPUs: 2 * model_parameters *
+                                     (input_tokens + output_tokens) for inference, 6 *
+                                     model_parameters * input_tokens for training
 loss                    float64 null training: mean global-batch loss over the window's steps; null
                                      for inference
 # The scheduler.

@@ -8,6 +8,7 @@ report: "../report/workflow.rst"
 localrules:
     figures,
     report_pages,
+    headline,
 
 
 rule figures:
@@ -45,6 +46,16 @@ rule figures:
         serving_slo=report_figure(
             "serving_slo", "4 Serving", "Energy per request vs latency under the SLO"
         ),
+        gpu_settings=report_figure(
+            "gpu_settings",
+            "1 Inference",
+            "Energy per token by GPU power limit and clock",
+        ),
+        energy_ladder=report_figure(
+            "energy_ladder",
+            "2 Where energy goes",
+            "Energy boundary ladder: GPU, host, node, facility, CO2e",
+        ),
     log:
         "logs/figures.log",
     conda:
@@ -81,3 +92,20 @@ rule report_pages:
         "../envs/base.yaml"
     script:
         "../scripts/report_pages.py"
+
+
+# The report's first screen: the sweep's answer (best valid configuration per batch size, valid
+# and invalid counts with their reasons, the GPU setting banner). report/workflow.rst includes
+# this fragment, so it opens the report before anything else.
+rule headline:
+    input:
+        summary="results/summary.csv",
+        energy="results/energy.parquet",
+    output:
+        headline=HEADLINE,
+    log:
+        "logs/headline.log",
+    conda:
+        "../envs/base.yaml"
+    script:
+        "../scripts/headline.py"

@@ -15,7 +15,7 @@ import math
 import re
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pynvml as real
 
@@ -49,7 +49,23 @@ FAKED = [
     # Zeus calls these while it sets up its GPUs.
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetC2cModeInfoV",
+    # Power limits and applications clocks (gpu.power_limit_w, gpu.clock).
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
+    "nvmlDeviceSetPowerManagementLimit",
+    "nvmlDeviceGetApplicationsClock",
+    "nvmlDeviceGetDefaultApplicationsClock",
+    "nvmlDeviceGetSupportedMemoryClocks",
+    "nvmlDeviceGetSupportedGraphicsClocks",
+    "nvmlDeviceSetApplicationsClocks",
+    "nvmlDeviceResetApplicationsClocks",
 ]
+
+# H100 SXM figures (energy reference, "Emulating a GPU node"): power limit range and clocks.
+DEFAULT_LIMIT_MW = 700_000
+LIMIT_RANGE_MW = (200_000, 700_000)
+MEM_CLOCKS_MHZ = [2619]
+SM_CLOCKS_MHZ = list(range(1980, 344, -15))  # 1980, 1965, ..., 345 (as NVML lists: descending)
 
 
 @dataclass
@@ -69,6 +85,15 @@ class FakeGpu:
     counter_period_s: float | None = None
     counter_rate_mw: int | None = None
     counter_stuck: bool = False
+    # Settings, as a privileged caller left them (they persist, as on a real GPU). 0 = default.
+    power_limit_mw: int = DEFAULT_LIMIT_MW
+    app_sm_mhz: int = 0
+    app_mem_mhz: int = 0
+    # Whether setters are allowed (root), and setters refused anyway: {function name: NVML code}.
+    privileged: bool = False
+    refuse: dict = field(default_factory=dict)
+    # Another cap below the set limit (e.g. a thermal or system cap): the enforced limit.
+    external_cap_mw: int | None = None
 
 
 def _handle(index: int):
@@ -178,9 +203,54 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)  # not a Grace Hopper superchip
 
     def nvmlDeviceGetClockInfo(handle, type):  # noqa: A002 - real parameter name
-        gpu(handle)
+        g = gpu(handle)
         clock_type(type)
-        return 2619 if type == real.NVML_CLOCK_MEM else 1980
+        if type == real.NVML_CLOCK_MEM:
+            return g.app_mem_mhz or MEM_CLOCKS_MHZ[0]
+        return g.app_sm_mhz or SM_CLOCKS_MHZ[0]
+
+    def privileged(g, name):
+        if name in g.refuse:
+            raise real.NVMLError(g.refuse[name])
+        if not g.privileged:
+            raise real.NVMLError(real.NVML_ERROR_NO_PERMISSION)
+
+    def nvmlDeviceSetPowerManagementLimit(handle, limit):
+        g = gpu(handle)
+        if not LIMIT_RANGE_MW[0] <= limit <= LIMIT_RANGE_MW[1]:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        privileged(g, "nvmlDeviceSetPowerManagementLimit")
+        g.power_limit_mw = int(limit)
+
+    def nvmlDeviceGetEnforcedPowerLimit(handle):
+        g = gpu(handle)
+        return min(g.power_limit_mw, g.external_cap_mw or g.power_limit_mw)
+
+    def app_clock(handle, type, default):  # noqa: A002
+        g = gpu(handle)
+        if type == real.NVML_CLOCK_MEM:
+            return MEM_CLOCKS_MHZ[0] if default else (g.app_mem_mhz or MEM_CLOCKS_MHZ[0])
+        if type in (real.NVML_CLOCK_GRAPHICS, real.NVML_CLOCK_SM):
+            return SM_CLOCKS_MHZ[0] if default else (g.app_sm_mhz or SM_CLOCKS_MHZ[0])
+        raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(handle, memoryClockMHz):
+        gpu(handle)
+        if memoryClockMHz not in MEM_CLOCKS_MHZ:
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return list(SM_CLOCKS_MHZ)
+
+    def nvmlDeviceSetApplicationsClocks(handle, maxMemClockMHz, maxGraphicsClockMHz):
+        g = gpu(handle)
+        if maxMemClockMHz not in MEM_CLOCKS_MHZ or maxGraphicsClockMHz not in SM_CLOCKS_MHZ:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        privileged(g, "nvmlDeviceSetApplicationsClocks")
+        g.app_mem_mhz, g.app_sm_mhz = int(maxMemClockMHz), int(maxGraphicsClockMHz)
+
+    def nvmlDeviceResetApplicationsClocks(handle):
+        g = gpu(handle)
+        privileged(g, "nvmlDeviceResetApplicationsClocks")
+        g.app_mem_mhz = g.app_sm_mhz = 0
 
     def nvmlDeviceGetMemoryInfo(handle, version=None):
         gpu(handle)
@@ -207,16 +277,31 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         "nvmlDeviceGetPowerUsage": lambda handle: gpu(handle).power_mw,
         "nvmlSystemGetDriverVersion": lambda: (need_init(), "580.95.05")[1],
         "nvmlDeviceGetMemoryInfo": nvmlDeviceGetMemoryInfo,
-        "nvmlDeviceGetPowerManagementLimit": lambda handle: (gpu(handle), 700_000)[1],
+        "nvmlDeviceGetPowerManagementLimit": lambda handle: gpu(handle).power_limit_mw,
         "nvmlDeviceGetClockInfo": nvmlDeviceGetClockInfo,
         "nvmlDeviceGetTemperature": nvmlDeviceGetTemperature,
         "nvmlDeviceGetCudaComputeCapability": lambda handle: (gpu(handle), (9, 0))[1],
-        "nvmlDeviceGetEnforcedPowerLimit": lambda handle: (gpu(handle), 700_000)[1],
+        "nvmlDeviceGetEnforcedPowerLimit": nvmlDeviceGetEnforcedPowerLimit,
         "nvmlDeviceGetMaxClockInfo": nvmlDeviceGetMaxClockInfo,
         "nvmlSystemGetCudaDriverVersion": lambda: (need_init(), 13000)[1],
         "nvmlDeviceGetArchitecture": nvmlDeviceGetArchitecture,
         "nvmlDeviceGetCurrentClocksEventReasons": lambda handle: gpu(handle).clock_event_reasons,
         "nvmlDeviceGetC2cModeInfoV": nvmlDeviceGetC2cModeInfoV,
+        "nvmlDeviceGetPowerManagementDefaultLimit": lambda handle: (
+            gpu(handle),
+            DEFAULT_LIMIT_MW,
+        )[1],
+        "nvmlDeviceGetPowerManagementLimitConstraints": lambda handle: (
+            gpu(handle),
+            list(LIMIT_RANGE_MW),
+        )[1],
+        "nvmlDeviceSetPowerManagementLimit": nvmlDeviceSetPowerManagementLimit,
+        "nvmlDeviceGetApplicationsClock": lambda handle, type: app_clock(handle, type, False),
+        "nvmlDeviceGetDefaultApplicationsClock": lambda handle, type: app_clock(handle, type, True),
+        "nvmlDeviceGetSupportedMemoryClocks": lambda handle: (gpu(handle), list(MEM_CLOCKS_MHZ))[1],
+        "nvmlDeviceGetSupportedGraphicsClocks": nvmlDeviceGetSupportedGraphicsClocks,
+        "nvmlDeviceSetApplicationsClocks": nvmlDeviceSetApplicationsClocks,
+        "nvmlDeviceResetApplicationsClocks": nvmlDeviceResetApplicationsClocks,
     }
     assert sorted(funcs) == sorted(FAKED)
     for name, fn in funcs.items():

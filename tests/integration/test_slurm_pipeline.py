@@ -131,8 +131,15 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
         assert job["gpus"] == tp * pp * dp, job
         assert "rule_measure" in job["comment"]
 
-    # The job saw the GPUs Slurm gave it, ran on CPU, and recorded both.
+    # The job saw the GPUs Slurm gave it, ran on CPU, and recorded both. Every row joins with
+    # sacct: job id, step, partition, account and node.
     assert e["slurm_partition"].eq(slurm_cluster.default_partition).all()
+    assert e["slurm_account"].eq(slurm_cluster.account).all()
+    assert e["slurm_node"].eq(slurm_cluster.node).all()
+    assert e["slurm_step_id"].notna().all() and e["slurm_job_id"].notna().all()
+    # No node energy: this cluster gathers none (AcctGatherEnergyType none), so null, never 0.
+    assert e["node_energy_mj"].isna().all()
+    assert e.loc[e["rank"] == 0, "node_energy_detail"].str.contains("gathers no node energy").all()
     assert e["device"].eq("cpu").all()
     gpus_seen = e.groupby(["tp", "pp", "dp"])["allocated_gpus"].first().str.split(",").map(len)
     assert all(n == tp * pp * dp for (tp, pp, dp), n in gpus_seen.items())

@@ -68,7 +68,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "validity",
         }
     ),  # fmt: skip
-    "results": frozenset({"aggregate", "tables", "util", "validity"}),
+    "results": frozenset({"aggregate", "job", "tables", "util", "validity"}),
     "figures": frozenset({"aggregate", "job", "tables", "util"}),
 }
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from jobspec import job_spec, launched_job, limits, validated_config
 
+from energysweep.job.gpu_request import GpuRequest
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.sections import Emulated, JobSpecError, Workload
 from energysweep.job.spec import (
@@ -132,10 +133,21 @@ def test_sweep_hash_is_location_free_and_not_a_jobs_hash():
 def test_job_key_is_the_grid_and_path_vocabulary():
     key = JobKey.from_strings({"model": "m", "backend": "vllm", "scenario": "inference",
                                "tp": "2", "pp": "1", "dp": "1"})  # fmt: skip
-    assert JOB_KEYS == ("model", "backend", "scenario", "tp", "pp", "dp")
+    assert JOB_KEYS == ("model", "backend", "scenario", "tp", "pp", "dp", "power_limit_w",
+                        "gpu_clock")  # fmt: skip
     assert key == JobKey("m", "vllm", "inference", 2, 1, 1)
     assert key.params_path() == "model~m/backend~vllm/scenario~inference/tp~2/pp~1/dp~1"
     assert key.placement_on(1).nodes == 2
+    # A sweep without the GPU setting axes has no path part for them; its rows say unset.
+    assert key.columns()["power_limit_w"] == key.columns()["gpu_clock"] == "unset"
+    assert key.gpu_request("nvml") is None
+    # A swept axis is a path part after the layout, and the job's typed request.
+    swept = JobKey.from_strings({**key.wildcards(), "power_limit_w": "300", "gpu_clock": "unset"})
+    assert swept.params_path().endswith("/dp~1/power_limit_w~300/gpu_clock~unset")
+    assert JobKey.from_path(f"results/shards/{swept.params_path()}") == swept
+    assert swept.gpu_request("nvml") == GpuRequest(
+        power_limit_w=300.0, clock=None, power_limit_method="nvml"
+    )
 
 
 def test_job_dir_knows_every_path_of_a_job(tmp_path):

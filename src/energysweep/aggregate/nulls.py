@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from energysweep.aggregate.serving import NULL_STATUS as SERVING_NULL_STATUS
-from energysweep.tables.status import EnergyStatus, Status
+from energysweep.tables.status import EnergyStatus, SettingStatus, Status
 
 # Summary column -> the status columns that explain a null in it (any non-ok value explains).
 _ENERGY = ("gpu_energy_status", "status")
@@ -118,7 +118,15 @@ for _c in _OUTPUT_TOKEN_COLUMNS:
 NULL_STATUS.update(TRAINING_NULL_STATUS)
 NULL_STATUS.update(SERVING_NULL_STATUS)
 # A status that explains nothing (the value is there): a point, energy or FLOPs count that is ok.
-OK_STATUSES = {Status.OK, EnergyStatus.MEASURED, "counted", "config"}
+# A setting read back as asked is "applied"; a facility rung with its estimate is "estimated".
+OK_STATUSES = {
+    Status.OK,
+    EnergyStatus.MEASURED,
+    SettingStatus.APPLIED,
+    "counted",
+    "config",
+    "estimated",
+}
 # Free-text columns: null means "nothing to report", not "not measured".
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
 

@@ -13,6 +13,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from energysweep.figures.data import prepare
+from energysweep.figures.gpu_settings import baseline, settings_figure
+from energysweep.figures.headline import headline_html
+from energysweep.figures.ladder import energy_ladder
 from energysweep.figures.pareto import pareto_front
 from energysweep.figures.phases import prefill_decode, stage_balance
 from energysweep.figures.serving import serving_latency, serving_pareto, serving_slo
@@ -39,12 +42,17 @@ FIGURES = {
     "serving_pareto": "serving: energy per request vs achieved throughput, the knee marked",
     "serving_latency": "serving: latency percentiles vs load",
     "serving_slo": "serving: energy per request vs latency under the SLO",
+    "gpu_settings": "energy per token at each GPU power limit and clock",
+    "energy_ladder": "energy per token as the boundary widens: GPU, host, node, facility, CO2e",
 }
 
 __all__ = [
     "FIGURES",
     "backends_compared",
+    "baseline",
+    "energy_ladder",
     "energy_per_token",
+    "headline_html",
     "layout_style",
     "layouts_at_equal_gpus",
     "pareto_front",
@@ -55,6 +63,7 @@ __all__ = [
     "serving_latency",
     "serving_pareto",
     "serving_slo",
+    "settings_figure",
     "stage_balance",
     "training",
 ]

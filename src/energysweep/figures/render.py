@@ -10,7 +10,10 @@ from energysweep import aggregate
 from energysweep.figures import (
     FIGURES,
     backends_compared,
+    baseline,
+    energy_ladder,
     energy_per_token,
+    headline_html,
     layouts_at_equal_gpus,
     pareto_front,
     power_timeline,
@@ -20,20 +23,19 @@ from energysweep.figures import (
     serving_latency,
     serving_pareto,
     serving_slo,
+    settings_figure,
     stage_balance,
     timeline,
     training,
 )
+from energysweep.job.gpu_request import SETTING_AXES
 from energysweep.job.spec import JOB_KEYS, JobDir, JobKey
 
+# The energy table's columns the power timeline reads: the job's keys (the GPU setting axes
+# among them), its windows and their edges.
 ENERGY_COLUMNS = [
     "job_id",
-    "model",
-    "backend",
-    "scenario",
-    "tp",
-    "pp",
-    "dp",
+    *JOB_KEYS,
     "batch_size",
     "repetition",
     "phase",
@@ -55,11 +57,14 @@ def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None
     if energy is not None and len(energy):
         shown = timeline.job_order(timeline.job_windows(energy)).head(timeline.MAX_JOBS)
         dirs = {
-            JobKey.from_strings({k: getattr(r, k) for k in JOB_KEYS}).params_path()
+            JobKey.from_strings(
+                {k: getattr(r, k) for k in JOB_KEYS if k not in SETTING_AXES}
+            ).params_path()
             for r in shown.itertuples()
         }
+        # A job directory ends with its layout, or continues with its GPU setting's parts.
         job_records = [
-            j for j in job_records if any(Path(j).parent.as_posix().endswith(d) for d in dirs)
+            j for j in job_records if any(f"{d}/" in f"{Path(j).parent.as_posix()}/" for d in dirs)
         ]
     power_files = [Path(JobDir.of(j).power) for j in job_records]
     frames = [pd.read_parquet(p) for p in power_files if p.is_file()]
@@ -69,6 +74,28 @@ def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None
         if frames
         else pd.DataFrame(columns=["job_id", "gpu_uuid", "time_ns", "power_mw", "status", "detail"])
     )
+
+
+def load_prepared(
+    summary_csv: str | Path, energy_dir: str | Path
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The prepared summary (energysweep.figures.data.prepare, with the windows' CIs) and the
+    merged rows."""
+    summary = pd.read_csv(summary_csv)
+    energy = pd.read_parquet(energy_dir)
+    windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
+    return prepare(summary, windows), energy
+
+
+def write_headline(summary_csv: str | Path, energy_dir: str | Path, out: str | Path) -> Path:
+    """The report's first screen (energysweep.figures.headline) as an HTML fragment."""
+    s, _ = load_prepared(summary_csv, energy_dir)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(headline_html(s))
+    tmp.replace(out)
+    return out
 
 
 def draw_all(
@@ -87,10 +114,10 @@ def draw_all(
     unknown = set(outputs) - set(FIGURES)
     if unknown:
         raise ValueError(f"unknown figures {sorted(unknown)}; known: {sorted(FIGURES)}")
-    summary = pd.read_csv(summary_csv)
-    energy = pd.read_parquet(energy_dir)
-    windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
-    s = prepare(summary, windows)
+    every, energy = load_prepared(summary_csv, energy_dir)
+    # The per-layout figures draw one GPU setting (lines never mix settings); gpu_settings.png
+    # compares them all.
+    s, _ = baseline(every)
     stages = pd.read_csv(stages_csv) if stages_csv else None
     timeline_rows = energy[[c for c in ENERGY_COLUMNS if c in energy]]
     makers = {
@@ -107,6 +134,8 @@ def draw_all(
         "serving_pareto": lambda: serving_pareto(s),
         "serving_latency": lambda: serving_latency(s, slo),
         "serving_slo": lambda: serving_slo(s, slo),
+        "gpu_settings": lambda: settings_figure(every),
+        "energy_ladder": lambda: energy_ladder(every),
     }
     written = {}
     for name, out in outputs.items():

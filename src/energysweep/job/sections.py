@@ -1,4 +1,5 @@
-"""The config sections a job carries, as frozen dataclasses: one class per schema section.
+"""The config sections, as frozen dataclasses: one class per schema section (those a job
+carries, and ``gpu`` and ``facility``, which the grid and the aggregate read).
 
 Each class's fields are exactly the properties of its section in ``config/config.schema.yaml``
 (tests/unit/test_jobspec.py holds them equal), and none has a default: every value comes from the
@@ -165,6 +166,56 @@ class Limits:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Gpu:
+    """Config section ``gpu``: the GPU setting axes and how they are applied, as the grid reads
+    it (energysweep.sweep.settings). A job carries its own point only: the axis values in its
+    key and ``power_limit_method`` on the job (``job.gpu``)."""
+
+    power_limit_w: list[float | None]
+    clock: list[str | int | None]
+    power_limit_method: str
+    prolog_constraint: str
+
+    @classmethod
+    def from_config(cls, config: dict) -> Gpu:
+        """The validated config's ``gpu`` section (every key present: defaults filled)."""
+        return load_section(cls, config["gpu"], "gpu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """One estimate of config section ``facility`` (``facility.pue``,
+    ``facility.carbon_intensity_g_per_kwh``): a value with its band and provenance, or all None
+    (not estimated)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    source: str | None
+    year: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facility:
+    """Config section ``facility``: the estimates beyond what is measured (the energy boundary
+    ladder's facility and CO2e rungs, energysweep.aggregate.ladder). No job carries it: it
+    changes no measurement."""
+
+    pue: Estimate
+    carbon_intensity_g_per_kwh: Estimate
+
+    @classmethod
+    def from_config(cls, section: dict) -> Facility:
+        """The validated config's ``facility`` section (every key present: defaults filled)."""
+        estimates = {k: load_section(Estimate, v, f"facility.{k}") for k, v in section.items()}
+        return load_section(cls, estimates, "facility")
+
+    def estimates(self) -> dict[str, Estimate]:
+        """Config key name -> its estimate."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelEntry:
     """One entry of config ``models``; ``spec`` and ``dims`` are None where the entry has none."""
 
@@ -220,4 +271,6 @@ SECTIONS: dict[str, type] = {
     "engine": Engine,
     "limits": Limits,
     "serving": Serving,
+    "gpu": Gpu,
+    "facility": Facility,
 }

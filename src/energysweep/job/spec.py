@@ -1,7 +1,8 @@
 """One job, typed on both sides of the launch: :class:`JobSpec`, :class:`LaunchedJob`, JobDir.
 
 :class:`JobSpec` is what determines a job's numbers: its :class:`JobKey` (model, backend,
-scenario, tp, pp, dp) and the config sections it carries (:mod:`energysweep.job.sections`). It
+scenario, tp, pp, dp, and the GPU setting axes power_limit_w and gpu_clock where the sweep has
+them) and the config sections it carries (:mod:`energysweep.job.sections`). It
 is built once from the validated config (:meth:`JobSpec.from_config`, rules/common.smk
 ``get_job_spec``), travels to the measure step as JSON, and is completed there by the launcher
 (:meth:`JobSpec.launched`) with what only the run knows: the checkpoint directory, the output
@@ -38,10 +39,12 @@ from functools import cached_property
 from pathlib import Path, PurePath
 
 from energysweep.job.backends import BACKENDS, SERVING
+from energysweep.job.gpu_request import SETTING_AXES, UNSET, GpuRequest
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 from energysweep.job.sections import (
     Engine,
+    Gpu,
     Limits,
     Measurement,
     ModelEntry,
@@ -55,7 +58,14 @@ from energysweep.job.sections import (
 
 @dataclass(frozen=True)
 class JobKey:
-    """Which job of the grid this is: the key of its directory, its rows and its record."""
+    """Which job of the grid this is: the key of its directory, its rows and its record.
+
+    ``power_limit_w`` and ``gpu_clock`` are the GPU setting axes (config gpu.power_limit_w,
+    gpu.clock) as text (:func:`energysweep.job.gpu_request.axis_text`: ``300``, ``medium``, or
+    ``unset`` for a swept null). None where the sweep has no such axis: the key then has no path
+    part for it, so a sweep without the axes keeps its paths; its rows still say ``unset``
+    (:meth:`columns`).
+    """
 
     model: str
     backend: str
@@ -63,11 +73,25 @@ class JobKey:
     tp: int
     pp: int
     dp: int
+    power_limit_w: str | None = None
+    gpu_clock: str | None = None
 
     @classmethod
     def from_strings(cls, values) -> JobKey:
-        """From Snakemake wildcards or another mapping of strings (the degrees become ints)."""
-        return cls(**{k: int(values[k]) if k in LAYOUT_KEYS else str(values[k]) for k in JOB_KEYS})
+        """From Snakemake wildcards or another mapping of strings (the degrees become ints); a
+        setting axis the mapping lacks is not in the sweep (None)."""
+        values = dict(values.items())
+        return cls(
+            **{k: int(values[k]) if k in LAYOUT_KEYS else str(values[k])
+               for k in JOB_KEYS if k not in SETTING_AXES},
+            **{k: None if values.get(k) is None else str(values[k]) for k in SETTING_AXES},
+        )  # fmt: skip
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> JobKey:
+        """The key of a job directory (its ``key~value`` parts: :meth:`params_path`)."""
+        parts = dict(p.split("~", 1) for p in Path(path).parts if "~" in p)
+        return cls.from_strings({k: v for k, v in parts.items() if k in JOB_KEYS})
 
     @property
     def layout(self) -> ParallelLayout:
@@ -81,8 +105,18 @@ class JobKey:
         return Placement(self.layout, self.backend, gpus_per_node, self.scenario)
 
     def wildcards(self) -> dict[str, str]:
-        """The key as Snakemake wildcards (its output paths' ``model~m/.../dp~1``)."""
-        return {k: str(v) for k, v in dataclasses.asdict(self).items()}
+        """The key as Snakemake wildcards (its output paths' ``model~m/.../dp~1``, then the
+        setting axes the sweep has)."""
+        return {k: str(v) for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def columns(self) -> dict[str, str | int]:
+        """The key as its rows' columns (every :data:`JOB_KEYS` column; an axis the sweep does
+        not have is ``unset``: the GPU as the node has it)."""
+        return {k: UNSET if v is None else v for k, v in dataclasses.asdict(self).items()}
+
+    def gpu_request(self, power_limit_method: str | None) -> GpuRequest | None:
+        """The key's GPU setting, typed (None: the job changes no GPU setting)."""
+        return GpuRequest.of_key(self.power_limit_w, self.gpu_clock, power_limit_method)
 
     def params_path(self) -> str:
         """``model~m/backend~b/scenario~s/tp~1/pp~1/dp~1``: the job's directory under
@@ -91,7 +125,7 @@ class JobKey:
 
     def label(self) -> str:
         """``model=m backend=b ... dp=1``, for messages."""
-        return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(self).items())
+        return " ".join(f"{k}={v}" for k, v in self.wildcards().items())
 
 
 # The job-key columns, in order: of the grid tables, the shards (tables.shards.POINT_KEYS) and
@@ -112,9 +146,11 @@ def portable_path(path: str) -> str:
 class JobSpec:
     """What determines one job's numbers; field order is the JSON key order.
 
-    ``training`` is None except on training jobs, ``serving`` None except on serving jobs and
-    ``engine`` None except on engine backends' jobs, so those settings do not change the other
-    jobs' :func:`config_hash`. A serving job's batch sizes are its batch caps.
+    ``training`` is None except on training jobs, ``serving`` None except on serving jobs,
+    ``engine`` None except on engine backends' jobs, and ``power_limit_method`` (config
+    gpu.power_limit_method) None except on jobs that set a power limit, so those settings do not
+    change the other jobs' :func:`config_hash`. A serving job's batch sizes are its batch caps.
+    The job's GPU setting itself is in its key (:attr:`gpu`).
     """
 
     key: JobKey
@@ -127,12 +163,14 @@ class JobSpec:
     training: Training | None
     engine: Engine | None
     serving: Serving | None
+    power_limit_method: str | None
 
     @classmethod
     def from_config(cls, config: dict, key: JobKey) -> JobSpec:
         """The spec of grid job ``key`` of a validated (defaults-filled) config."""
         entry = next(m for m in config["models"] if m["name"] == key.model)
         training = key.scenario == "training"
+        sets_power = key.power_limit_w not in (None, UNSET)
         return cls(
             key=key,
             dtype=config["dtype"],
@@ -150,6 +188,7 @@ class JobSpec:
             serving=(
                 Serving.load(config["serving"], "serving") if key.scenario == SERVING else None
             ),
+            power_limit_method=Gpu.from_config(config).power_limit_method if sets_power else None,
         )
 
     @cached_property
@@ -160,6 +199,11 @@ class JobSpec:
     @property
     def layout(self) -> ParallelLayout:
         return self.key.layout
+
+    @property
+    def gpu(self) -> GpuRequest | None:
+        """The job's GPU power limit and clock, typed (None: it changes no GPU setting)."""
+        return self.key.gpu_request(self.power_limit_method)
 
     @property
     def batch_sizes(self) -> list[int]:

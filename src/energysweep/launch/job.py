@@ -25,9 +25,9 @@ from energysweep.hw import emulated
 from energysweep.job.placement import Placement
 from energysweep.job.sections import Limits, as_dict
 from energysweep.job.spec import JobDir, JobSpec, LaunchedJob, Outputs
-from energysweep.launch import cleanup, procs
+from energysweep.launch import cleanup, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
-from energysweep.launch.slurm import job_nodes
+from energysweep.launch.slurm import job_nodes, restore_job_identity
 from energysweep.measure.provenance import code_version
 from energysweep.tables.io import replace, write_text_atomic
 
@@ -136,18 +136,15 @@ def run_job(
     )
     write_text_atomic(job.dumps(), job_dir.spec_file)
     ranks_here = placement.layout.world_size // placement.nodes
-    env = build_env(
-        spec.key.backend,
-        threads=cpus // max(1, ranks_here),
-        slurm_job_id=slurm_id,
-        engine=spec.engine,
-    )
+    env = _job_env(spec, cpus // max(1, ranks_here), slurm_id)
     if job.outputs.emulated is not None:
         env = _emulated_node(job, env, log)
     what = f"job {spec.key.label()} ({job_dir.spec_file})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
-        _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
+        # GPU power limit and clocks: set before the ranks start, put back however they end.
+        with gpu_guard.applied(spec.gpu, staging, ranks_here, env, log):
+            _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
         if job.outputs.emulated is not None:
             emulated.strip_state(job.outputs.emulated)
         _publish(job.outputs, final, what)
@@ -170,6 +167,18 @@ def _emulated_node(job: LaunchedJob, env: dict, log) -> dict:
         flush=True,
     )
     return emulated.job_env(state, node, env)
+
+
+def _job_env(spec: JobSpec, threads: int, slurm_id: str | None) -> dict:
+    """The ranks' environment (energysweep.launch.argv.build_env), with the Slurm account back
+    where the job step lost it, so every row names it (sacct joins on it)."""
+    env = build_env(
+        spec.key.backend,
+        threads=threads,
+        slurm_job_id=slurm_id,
+        engine=spec.engine,
+    )
+    return restore_job_identity(env)
 
 
 def _run_as_unit(

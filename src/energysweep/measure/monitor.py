@@ -6,8 +6,10 @@ import time
 
 from energysweep import dist
 from energysweep.energy import GpuReading, make_source, wall_ns
+from energysweep.energy.node import NodeSource
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.settings import SettingsProbe
 from energysweep.tables.status import EnergyStatus
 
 # The power timeline goes on this long after the last window: the re-check integrates the power
@@ -52,6 +54,10 @@ class JobMonitor:
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
         self.host = make_host_source(self.m.host_energy_source, ctx.local_rank)
+        # The job's GPU power limit and clocks, read back around every window.
+        self.settings = SettingsProbe(job.gpu, self.gpu_uuids)
+        # The node's energy where Slurm gathers it (the boundary ladder's node rung).
+        self.node = NodeSource(ctx.rank)
         self.sampler_hz = float(self.m.sampler_hz)
         self.sampler = PowerSampler(self.gpu_uuids, self.sampler_hz, job.job_id, ctx.rank, ctx.host)
         self.idle_window_s: float | None = None
@@ -149,3 +155,4 @@ class JobMonitor:
     def close(self) -> None:
         self.energy.close()
         self.host.close()
+        self.settings.close()

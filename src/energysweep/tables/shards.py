@@ -20,7 +20,9 @@ from energysweep.tables.io import write_atomic
 # energy, model_parameters, flops_estimate and loss (training) columns.
 # v3: launcher_processes and gpu_workers (what the process audit expects per launch mode).
 # v4: scenario serving: the point key `load`, and the serving columns (load, rates, errors,
-# goodput, ramp/drain, queue, latency percentiles) with serving_status.
+# goodput, ramp/drain, queue, latency percentiles) with serving_status; the GPU setting behind
+# every row (gpu.power_limit_w, gpu.clock: asked, read back, status), node energy (Slurm's
+# accounting), Slurm step, account and node name.
 SCHEMA_VERSION = 4
 
 # The shard schema, one column a line: name, pyarrow type, "null" if the column may be null (else
@@ -47,6 +49,11 @@ launch_mode             string  -    torchrun (one process per GPU) | direct (on
 launcher_processes      int16   -    processes our code ran in, as the process audit checked them
                                      (tp*pp*dp for torchrun, dp for direct, 1 for mpi and server)
 gpu_workers             int16   -    processes computing on a GPU: tp*pp*dp in every mode
+# The GPU setting the job asked for (grid axes gpu.power_limit_w, gpu.clock; part of the point).
+power_limit_w           string  -    the point's gpu.power_limit_w in W as text (300, 312.5), or
+                                     unset (left as the node has it); a job-key column
+gpu_clock               string  -    the point's gpu.clock (Slurm --gpu-freq vocabulary), or unset;
+                                     a job-key column
 # The window: one (batch size, repetition, phase) of the job, and what ran in it.
 batch_size              int32   -    per-replica batch size (serving: the engine's batch cap,
                                      max_num_seqs)
@@ -95,6 +102,24 @@ energy_source           string  -    GPU energy source used: nvml | zeus | cross
 gpu_energy_mj_zeus      float64 null cross-check: Zeus's energy for the same GPU and window in mJ
 gpu_energy_zeus_status  string  -    not-requested (source is not cross-check) | measured |
                                      short-window | unavailable
+# This GPU's power limit and clocks: asked, read back right outside the window's edges.
+gpu_power_limit_target_w float64 null power limit this GPU was asked for in W; null when unset
+gpu_sm_clock_target_mhz int32   null applications SM clock gpu.clock resolves to on this GPU (as
+                                     Slurm resolves it); null when unset
+gpu_mem_clock_target_mhz int32  null applications memory clock gpu.clock resolves to
+gpu_power_limit_w       float64 null enforced power limit read back before the window's start, W
+gpu_power_limit_end_w   float64 null enforced power limit read back after the window's end, W
+gpu_default_power_limit_w float64 null this GPU's default power limit, W
+gpu_app_sm_clock_mhz    int32   null applications SM clock read back before the window's start
+gpu_app_mem_clock_mhz   int32   null applications memory clock read back before the window's start
+gpu_default_sm_clock_mhz int32  null this GPU's default applications SM clock
+gpu_sm_clock_mhz        int32   null SM clock the GPU ran at, read right after the window's end
+gpu_mem_clock_mhz       int32   null memory clock read right after the window's end
+gpu_power_limit_status  string  -    unset | applied (read back as asked) | refused (the setter
+                                     failed) | not-applied (read back otherwise) | unverified (no
+                                     GPU or NVML to read it from)
+gpu_clock_status        string  -    the same for gpu.clock
+gpu_setting_detail      string  null how a setting was refused or read back otherwise
 # The idle baseline measured before any window (the *_idle_adjusted_* figures subtract it).
 idle_window_s           float64 null length of the job's idle-baseline window in s (before any
                                      window); null if none
@@ -111,6 +136,14 @@ host_energy_detail      string  null zones read, or why host energy is unavailab
 idle_host_power_w       float64 null this host's idle package power in W (RAPL)
 idle_host_power_status  string  -    measured | not-read | skipped | unavailable
 cpu_time_s              float64 null user+system CPU seconds of this rank's process in the window
+# The node (Slurm's energy accounting: the boundary ladder's node rung).
+node_energy_mj          float64 null node energy over the window, all the job step's nodes (Slurm
+                                     ConsumedEnergy via sstat; global rank 0's rows) in mJ
+node_energy_status      string  -    measured | short-window | not-read (rank 0 reads it) |
+                                     unavailable
+node_energy_method      string  -    slurm-sstat-consumed-energy | none
+node_energy_detail      string  null Slurm's energy plugin and step, or why node energy is
+                                     unavailable
 # The model and the work it did.
 model_parameters        int64   null parameters of one model replica (all its ranks)
 model_parameters_method string  -    counted (checkpoint config built on the meta device) | config
@@ -156,7 +189,10 @@ e2e_p99_s               float64 null 99th percentile end-to-end request latency
 serving_status          string  -    ok | queue-unavailable (...) | not-applicable (...)
 # The scheduler.
 slurm_job_id            string  null SLURM_JOB_ID, null outside Slurm
+slurm_step_id           string  null SLURM_STEP_ID (the step the ranks ran in)
 slurm_partition         string  null SLURM_JOB_PARTITION
+slurm_account           string  null SLURM_JOB_ACCOUNT
+slurm_node              string  null SLURMD_NODENAME: Slurm's name of this rank's node
 slurm_nodelist          string  null SLURM_JOB_NODELIST
 # Per node: on a 2-node job every host sees e.g. "0,1". The job's GPU count is the layout's
 # tp*pp*dp (and sacct's gres/gpu), never these lists concatenated across hosts.

@@ -23,7 +23,7 @@ from energysweep.job.spec import JobDir
 from energysweep.tables import power as tp
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
-from energysweep.tables.status import ACCEPTED, EnergyStatus, Status
+from energysweep.tables.status import ACCEPTED, NOT_IN_EFFECT, EnergyStatus, Status
 from energysweep.validity import recheck as rc
 from energysweep.validity import serving as sv
 from energysweep.validity import stages as st
@@ -33,6 +33,8 @@ from energysweep.validity.thresholds import Thresholds
 REASONS: dict[str, str] = {
     "emulated": "measured on the emulated GPU node (measurement.device emulated): a test of the "
     "method, never a figure to cite",
+    "cap_not_applied": "the point's gpu.power_limit_w was refused, or not read back as asked",
+    "clock_not_applied": "the point's gpu.clock was refused, or not read back as asked",
     "no_gpu_energy": "no GPU energy was measured for the point (CPU run, no NVML, or disabled)",
     "partial_gpus": "a GPU of the layout has no energy figure, or fewer GPUs than tp*pp*dp",
     "counter_stuck": "a GPU's energy counter did not move over a window spanning 2+ periods",
@@ -283,6 +285,7 @@ def _verdict(
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
         "emulated": emulated,
+        **_setting_fails(s),
         "no_gpu_energy": ~has_energy & ~gpu_status.str.contains(EnergyStatus.PARTIAL),
         "partial_gpus": gpu_status.str.contains(EnergyStatus.PARTIAL)
         | (has_energy & (s["n_gpus"] < layout_gpus)),
@@ -323,6 +326,19 @@ def _verdict(
     s["valid"] = [not x for x in codes]
     s["invalid_reasons"] = codes
     s["validity_unchecked"] = unchecked
+
+
+def _setting_fails(s: pd.DataFrame) -> dict:
+    """``cap_not_applied``/``clock_not_applied``: a setting asked for is not what was measured
+    at (refused, read back otherwise, or not verifiable: energysweep.aggregate.gpu_setting)."""
+    bad = [str(x) for x in NOT_IN_EFFECT]
+    out = {}
+    for code, column in (
+        ("cap_not_applied", "gpu_power_limit_status"),
+        ("clock_not_applied", "gpu_clock_status"),
+    ):
+        out[code] = s[column].isin(bad) if column in s else np.zeros(len(s), dtype=bool)
+    return out
 
 
 def evaluate(

@@ -120,13 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sweep", action="store_true", help="preflight figures only")
     parser.add_argument("--emulated", action="store_true", help="on the emulated node (a test)")
     args = parser.parse_args(argv)
-    if args.emulated and "ENERGYSWEEP_EMULATED_NVML" not in os.environ:
-        from energysweep.hw import emulated
-        from energysweep.hw.emulated.settings import section_defaults
+    with tempfile.TemporaryDirectory(prefix="gpu-check-node-") as state:  # removed at the end
+        if args.emulated and "ENERGYSWEEP_EMULATED_NVML" not in os.environ:
+            from energysweep.hw import emulated
+            from energysweep.hw.emulated.settings import section_defaults
 
-        state = Path(tempfile.mkdtemp(prefix="gpu-check-node-"))
-        node = emulated.prepare(state, section_defaults(), time.time_ns())
-        os.environ.update(emulated.job_env(state, node, dict(os.environ)))
+            node = emulated.prepare(state, section_defaults(), time.time_ns())
+            os.environ.update(emulated.job_env(state, node, dict(os.environ)))
+        return _report(args)
+
+
+def _report(args) -> int:
+    """Measure (this node, then the short sweep), print beside the profile, write the JSON."""
     measured = node_figures(args.seconds)
     if not args.no_sweep:
         measured.update(sweep_figures(Path(args.workflow).resolve(), args.emulated, 1800))

@@ -153,7 +153,7 @@ def _annotated(rows):
     from energysweep.tables import power
 
     s = _summary(rows)
-    table = recheck.recheck(rows, power.SCHEMA.empty_table().to_pandas(), None)
+    table = recheck.recheck(rows, power.SCHEMA.empty_table().to_pandas(), None, 0.0)
     thresholds = validity.Thresholds.from_config(validated_config(validity=LOOSE)["validity"])
     return validity.annotate(s, rows, table, thresholds)
 

@@ -116,7 +116,7 @@ def test_load_not_sustained_and_request_errors_invalidate_serving_points_only():
     from energysweep.validity import recheck
     from energysweep.validity.verdict import ROW_COLUMNS
 
-    validation = recheck.recheck(merged[ROW_COLUMNS], pd.DataFrame(), {})
+    validation = recheck.recheck(merged[ROW_COLUMNS], pd.DataFrame(), {}, 0.0)
     out = annotate(s, merged, validation, _thresholds()).set_index("load")
     codes = out["invalid_reasons"].str.split(";")
     assert "load_not_sustained" not in codes["rate=2"]

@@ -72,6 +72,22 @@ def label(text: str | None) -> str | None:
     return f"emulated:{text}"
 
 
+@contextlib.contextmanager
+def for_job(environ: dict):
+    """NVML as a job's ranks see it, for the ``with`` block: the emulated node ``environ`` names
+    (measurement.device emulated: the launcher's own process has no such variable, its ranks
+    do), else this process's NVML."""
+    global pynvml
+    if emulated() or not environ.get(_emulated.ENV):
+        yield
+        return
+    saved, pynvml = pynvml, _emulated.module_from_env(_REAL, environ=environ)
+    try:
+        yield
+    finally:
+        pynvml = saved
+
+
 def emulated_profile() -> str | None:
     """The emulated node's GPU profile (for the environment record), None on real NVML."""
     return _emulated.settings.read(os.environ[_emulated.ENV]).profile if emulated() else None

@@ -91,6 +91,11 @@ def applied(request: GpuRequest | None, directory: str | Path, gpus: int, env: d
     if request is None:
         yield None
         return
+    with nvml.for_job(env):  # measurement.device emulated: the job's emulated node
+        yield from _applied(request, directory, gpus, env, log)
+
+
+def _applied(request: GpuRequest, directory: str | Path, gpus: int, env: dict, log):
     routes = request.routes(under_slurm=bool(os.environ.get("SLURM_JOB_ID")))
     path = Path(directory) / RECORD_NAME
     settings: list[gpu_settings.GpuSetting] = []  # filled GPU by GPU: restored even if partial

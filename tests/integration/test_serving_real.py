@@ -136,9 +136,12 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     assert set(req["metrics_status"]) <= {"measured", "cancelled"}  # nothing failed
     done = req[req["metrics_status"] == "measured"]
     assert (done["output_tokens"] == 16).all()
-    # One streamed chunk per token after the first, but a busy server may bundle a few.
+    # One streamed chunk per token after the first, but a busy server bundles some: at the
+    # overload point (rate=256) most of them (seen: 21-35% unbundled on a shared 2-core machine),
+    # so the share of unbundled streams is asked of the loads below it only.
     chunks = done["itl_s"].map(len)
-    assert (chunks <= 15).all() and (chunks == 15).mean() > 0.8
+    below = chunks[done["load"] != "rate=256"]
+    assert (chunks <= 15).all() and (chunks >= 1).all() and (below == 15).mean() > 0.8
     sent = req[req["load"] != "warmup"].groupby("load").size()
     assert sent.to_dict() == dict(zip(shards["load"], shards["requests_sent"], strict=True))
     record = json.loads((d / "job.json").read_text())

@@ -15,10 +15,8 @@ import pandas as pd
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS
 
-ROW_COLUMNS = [
-    *POINT_KEYS,
-    "phase",
-    "status",
+# The numeric setting columns a point takes the median of.
+NUMERIC_COLUMNS = [
     "gpu_power_limit_target_w",
     "gpu_sm_clock_target_mhz",
     "gpu_mem_clock_target_mhz",
@@ -28,6 +26,12 @@ ROW_COLUMNS = [
     "gpu_app_mem_clock_mhz",
     "gpu_default_sm_clock_mhz",
     "gpu_sm_clock_mhz",
+]
+ROW_COLUMNS = [
+    *POINT_KEYS,
+    "phase",
+    "status",
+    *NUMERIC_COLUMNS,
     "gpu_power_limit_status",
     "gpu_clock_status",
     "gpu_setting_detail",
@@ -70,18 +74,7 @@ def setting_columns(summary: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     head = head.merge(has_ok, on=POINT_KEYS, how="left")
     head = head[head["_n_ok"].isna() | head["status"].eq("ok")]
     by = head.groupby(POINT_KEYS, sort=False)
-    numeric = [
-        "gpu_power_limit_target_w",
-        "gpu_sm_clock_target_mhz",
-        "gpu_mem_clock_target_mhz",
-        "gpu_power_limit_w",
-        "gpu_default_power_limit_w",
-        "gpu_app_sm_clock_mhz",
-        "gpu_app_mem_clock_mhz",
-        "gpu_default_sm_clock_mhz",
-        "gpu_sm_clock_mhz",
-    ]
-    med = by[numeric].median()
+    med = by[NUMERIC_COLUMNS].median()
     text = pd.DataFrame(
         {
             "gpu_power_limit_status": by["gpu_power_limit_status"].agg(_worst),

@@ -16,13 +16,17 @@ from energysweep.tables.status import EnergyStatus, SettingStatus, Status
 _ENERGY = ("gpu_energy_status", "status")
 # Training generates no output tokens (output_token_status says so); inference trains on none
 # (training_status says so).
-_OUTPUT_TOKEN_COLUMNS = (
+# The per-output-token headline figures with their CIs (the report's summary table leads with them).
+TOKEN_HEADLINE = (
     "energy_per_output_token_j",
     "energy_per_output_token_j_ci_low",
     "energy_per_output_token_j_ci_high",
     "output_tokens_per_s",
     "output_tokens_per_s_ci_low",
     "output_tokens_per_s_ci_high",
+)
+_OUTPUT_TOKEN_COLUMNS = (
+    *TOKEN_HEADLINE,
     "output_tokens_per_window",
     "energy_per_output_token_idle_adjusted_j",
     "host_energy_per_output_token_j",

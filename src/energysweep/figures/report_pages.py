@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from energysweep.aggregate.nulls import TOKEN_HEADLINE
 from energysweep.tables.io import write_text_atomic
 from energysweep.tables.shards import POINT_KEYS
 
@@ -23,12 +24,7 @@ LEADING_COLUMNS = [
     "invalid_reasons",
     "status",
     "repetitions_ok",
-    "energy_per_output_token_j",
-    "energy_per_output_token_j_ci_low",
-    "energy_per_output_token_j_ci_high",
-    "output_tokens_per_s",
-    "output_tokens_per_s_ci_low",
-    "output_tokens_per_s_ci_high",
+    *TOKEN_HEADLINE,
     "energy_per_train_token_j",
     "train_tokens_per_s",
     "energy_per_output_token_idle_adjusted_j",

@@ -297,56 +297,6 @@ def max_sm_clock_mhz(handle) -> int:
     return int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
 
 
-# ---------------------------------------------------------------------------- settings
-# Power limits and applications clocks (the logic: energysweep.measure.gpu_settings). Setters
-# need root or a site that grants them (else NVMLError_NoPermission); a value out of range raises
-# NVMLError_InvalidArgument. Clocks are the *applications* clocks, which Slurm's --gpu-freq sets.
-def power_limit_mw(handle, enforced: bool = False) -> int:
-    """The power limit set on the GPU (mW), or the one it ``enforced`` (the lowest of all caps)."""
-    if enforced:
-        return int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
-    return int(pynvml.nvmlDeviceGetPowerManagementLimit(handle))
-
-
-def power_limit_bounds_mw(handle) -> tuple[int, int, int]:
-    """(default, lowest, highest) power limit of the GPU, in mW."""
-    low, high = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
-    return int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)), int(low), int(high)
-
-
-def set_power_limit_mw(handle, limit_mw: int) -> None:
-    pynvml.nvmlDeviceSetPowerManagementLimit(handle, int(limit_mw))
-
-
-def app_clock_mhz(handle, kind: str, default: bool = False) -> int:
-    """The applications clock (MHz), ``kind`` "sm" (graphics) or "mem"; or its ``default``."""
-    const = pynvml.NVML_CLOCK_MEM if kind == "mem" else pynvml.NVML_CLOCK_GRAPHICS
-    if default:
-        return int(pynvml.nvmlDeviceGetDefaultApplicationsClock(handle, const))
-    return int(pynvml.nvmlDeviceGetApplicationsClock(handle, const))
-
-
-def current_clock_mhz(handle, kind: str) -> int:
-    """The clock the GPU runs at now (MHz): ``kind`` "sm" or "mem"."""
-    const = pynvml.NVML_CLOCK_MEM if kind == "mem" else pynvml.NVML_CLOCK_SM
-    return int(pynvml.nvmlDeviceGetClockInfo(handle, const))
-
-
-def supported_clocks_mhz(handle, mem_mhz: int | None = None) -> list[int]:
-    """Supported memory clocks, or with ``mem_mhz`` the graphics clocks at that memory clock."""
-    if mem_mhz is None:
-        return [int(c) for c in pynvml.nvmlDeviceGetSupportedMemoryClocks(handle)]
-    return [int(c) for c in pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, int(mem_mhz))]
-
-
-def set_app_clocks(handle, mem_mhz: int | None, sm_mhz: int | None = None) -> None:
-    """Set the applications clocks; None: back to the defaults (both persist until changed)."""
-    if mem_mhz is None:
-        pynvml.nvmlDeviceResetApplicationsClocks(handle)
-    else:
-        pynvml.nvmlDeviceSetApplicationsClocks(handle, int(mem_mhz), int(sm_mhz))
-
-
 # ---------------------------------------------------------------------------- snapshot
 # (key, pynvml function, pynvml constants passed after the handle, post-processing).
 GPU_QUERIES = [

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from energysweep.hw import nvml
+from energysweep.hw import nvml_settings as ns
 from energysweep.job.gpu_freq import ClockSpec, nearest, parse_clock
 from energysweep.tables.status import SettingStatus
 
@@ -35,8 +36,8 @@ def error_text(exc: BaseException) -> str:
 
 def resolve_clock(spec: ClockSpec, handle) -> tuple[int, int]:
     """(memory MHz, SM MHz) ``spec`` resolves to on the GPU ``handle`` (in an NVML session)."""
-    mem = nearest(spec.mem, nvml.supported_clocks_mhz(handle))
-    return mem, nearest(spec.sm, nvml.supported_clocks_mhz(handle, mem))
+    mem = nearest(spec.mem, ns.supported_clocks_mhz(handle))
+    return mem, nearest(spec.sm, ns.supported_clocks_mhz(handle, mem))
 
 
 @dataclass
@@ -78,19 +79,19 @@ class GpuSetting:
 def _remember(handle, setting: GpuSetting) -> None:
     ident = nvml.identity(handle)
     setting.index, setting.name = ident["index"], ident["name"]
-    setting.previous_power_limit_mw = nvml.power_limit_mw(handle)
-    setting.default_power_limit_w = nvml.power_limit_bounds_mw(handle)[0] / 1e3
+    setting.previous_power_limit_mw = ns.power_limit_mw(handle)
+    setting.default_power_limit_w = ns.power_limit_bounds_mw(handle)[0] / 1e3
     setting.previous_app_clocks_mhz = [
-        nvml.app_clock_mhz(handle, "mem"),
-        nvml.app_clock_mhz(handle, "sm"),
+        ns.app_clock_mhz(handle, "mem"),
+        ns.app_clock_mhz(handle, "sm"),
     ]
-    setting.default_mem_clock_mhz = nvml.app_clock_mhz(handle, "mem", default=True)
-    setting.default_sm_clock_mhz = nvml.app_clock_mhz(handle, "sm", default=True)
+    setting.default_mem_clock_mhz = ns.app_clock_mhz(handle, "mem", default=True)
+    setting.default_sm_clock_mhz = ns.app_clock_mhz(handle, "sm", default=True)
 
 
 def _apply_power(handle, s: GpuSetting, watts: float) -> None:
     s.power_limit_target_w = float(watts)
-    _, low, high = nvml.power_limit_bounds_mw(handle)
+    _, low, high = ns.power_limit_bounds_mw(handle)
     target = round(watts * 1000)
     if not low <= target <= high:
         s.power_limit_status = REFUSED
@@ -99,7 +100,7 @@ def _apply_power(handle, s: GpuSetting, watts: float) -> None:
         )
         return
     try:
-        nvml.set_power_limit_mw(handle, target)
+        ns.set_power_limit_mw(handle, target)
     except nvml.NVMLError as exc:
         s.power_limit_status = REFUSED
         s.detail.append(
@@ -117,7 +118,7 @@ def _apply_clock(handle, s: GpuSetting, spec: ClockSpec, set_it: bool) -> None:
         s.clock_status = APPLIED
         return
     try:
-        nvml.set_app_clocks(handle, mem, sm)
+        ns.set_app_clocks(handle, mem, sm)
     except nvml.NVMLError as exc:
         s.clock_status = REFUSED
         s.detail.append(
@@ -174,11 +175,11 @@ def apply(
 def read_back(handle) -> dict:
     """What the GPU enforces now: power limit (W), applications and current clocks (MHz)."""
     return {
-        "power_limit_w": nvml.power_limit_mw(handle, enforced=True) / 1e3,
-        "app_sm_clock_mhz": nvml.app_clock_mhz(handle, "sm"),
-        "app_mem_clock_mhz": nvml.app_clock_mhz(handle, "mem"),
-        "sm_clock_mhz": nvml.current_clock_mhz(handle, "sm"),
-        "mem_clock_mhz": nvml.current_clock_mhz(handle, "mem"),
+        "power_limit_w": ns.power_limit_mw(handle, enforced=True) / 1e3,
+        "app_sm_clock_mhz": ns.app_clock_mhz(handle, "sm"),
+        "app_mem_clock_mhz": ns.app_clock_mhz(handle, "mem"),
+        "sm_clock_mhz": ns.current_clock_mhz(handle, "sm"),
+        "mem_clock_mhz": ns.current_clock_mhz(handle, "mem"),
     }
 
 
@@ -221,8 +222,8 @@ def current(settings: list[GpuSetting]) -> list[dict]:
     for s in settings:
         try:
             h = nvml.handle_by_uuid(s.uuid)
-            clocks = [nvml.app_clock_mhz(h, "mem"), nvml.app_clock_mhz(h, "sm")]
-            out.append({"uuid": s.uuid, "power_limit_mw": nvml.power_limit_mw(h),
+            clocks = [ns.app_clock_mhz(h, "mem"), ns.app_clock_mhz(h, "sm")]
+            out.append({"uuid": s.uuid, "power_limit_mw": ns.power_limit_mw(h),
                         "app_clocks_mhz": clocks})  # fmt: skip
         except nvml.NVMLError as exc:
             out.append({"uuid": s.uuid, "error": error_text(exc)})
@@ -242,16 +243,16 @@ def restore(settings: list[GpuSetting]) -> list[str]:
         try:
             handle = nvml.handle_by_uuid(s.uuid)
             if s.changed_power_limit:
-                nvml.set_power_limit_mw(handle, s.previous_power_limit_mw)
-                s.changed_power_limit = nvml.power_limit_mw(handle) != s.previous_power_limit_mw
+                ns.set_power_limit_mw(handle, s.previous_power_limit_mw)
+                s.changed_power_limit = ns.power_limit_mw(handle) != s.previous_power_limit_mw
             if s.changed_clocks:
                 mem, sm = s.previous_app_clocks_mhz
                 # Back at the defaults: a reset, as Slurm does; else the site's own values.
                 if [mem, sm] == [s.default_mem_clock_mhz, s.default_sm_clock_mhz]:
-                    nvml.set_app_clocks(handle, None)
+                    ns.set_app_clocks(handle, None)
                 else:
-                    nvml.set_app_clocks(handle, mem, sm)
-                now = [nvml.app_clock_mhz(handle, "mem"), nvml.app_clock_mhz(handle, "sm")]
+                    ns.set_app_clocks(handle, mem, sm)
+                now = [ns.app_clock_mhz(handle, "mem"), ns.app_clock_mhz(handle, "sm")]
                 s.changed_clocks = now != [mem, sm]
         except nvml.NVMLError as exc:
             problems.append(f"{s.uuid}: restore failed: {error_text(exc)}")

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from energysweep.hw import nvml
+from energysweep.hw import nvml, nvml_settings
 from energysweep.job.gpu_request import GpuRequest
 from energysweep.job.sections import load_section
 from energysweep.measure import gpu_settings as gs
@@ -126,8 +126,8 @@ class SettingsProbe:
                 self._handles = {}
         for uuid, handle in self._handles.items():
             self.defaults[uuid] = (
-                _or_none(lambda h: nvml.power_limit_bounds_mw(h)[0], handle, 1e-3),
-                _or_none(lambda h: nvml.app_clock_mhz(h, "sm", default=True), handle, 1),
+                _or_none(lambda h: nvml_settings.power_limit_bounds_mw(h)[0], handle, 1e-3),
+                _or_none(lambda h: nvml_settings.app_clock_mhz(h, "sm", default=True), handle, 1),
             )
 
     def read(self) -> dict[str, dict | None]:

@@ -158,6 +158,11 @@ class ServingScenario(Scenario):
         server.print_log()
 
     # ------------------------------------------------------------------ requests
+    def _sender(self, session):
+        """Sends one completion request to the job's server (vLLM's load generator)."""
+        url = f"{self.server.base_url}/v1/completions"
+        return vllm_sender(url, self.server.name, int(self.wl.output_tokens), session)
+
     def _session(self):
         import aiohttp
 
@@ -172,12 +177,7 @@ class ServingScenario(Scenario):
 
         async def go():
             async with self._session() as session:
-                send = vllm_sender(
-                    f"{self.server.base_url}/v1/completions",
-                    self.server.name,
-                    int(self.wl.output_tokens),
-                    session,
-                )
+                send = self._sender(session)
                 for r in range(rounds):
                     recs = await asyncio.gather(
                         *(
@@ -289,12 +289,7 @@ class ServingScenario(Scenario):
         seed = int(self.job.seed) + self._run_index
         self._run_index += 1
         async with self._session() as session:
-            send = vllm_sender(
-                f"{self.server.base_url}/v1/completions",
-                self.server.name,
-                int(self.wl.output_tokens),
-                session,
-            )
+            send = self._sender(session)
             sampler = None
             if wanted is not None:
                 sampler = asyncio.create_task(self._sample_queue(session, queue, wanted))

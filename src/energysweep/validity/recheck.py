@@ -85,17 +85,7 @@ def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
 
 def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (window, GPU UUID): its counter energy (J); GPU-less windows keep one row."""
-    cols = [
-        *WINDOW_KEYS,
-        "status",
-        "window_start_ns",
-        "window_end_ns",
-        "gpu_uuid",
-        "gpu_energy_mj",
-        "gpu_energy_status",
-        "pp_rank",
-    ]
-    r = rows[cols].copy()
+    r = rows[[c for c in ROW_COLUMNS if c != "idle_gpu_power_w"]].copy()
     r["_has_gpu"] = r["gpu_uuid"].notna()
     # A GPU counts once per window (two ranks may report it); GPU-less windows keep one row.
     r = r.sort_values([*WINDOW_KEYS, "gpu_uuid", "pp_rank"], na_position="last", kind="stable")

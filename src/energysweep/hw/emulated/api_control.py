@@ -25,6 +25,14 @@ def _uint(value) -> int:
 class Control:
     """Power management limits and clocks of one emulated GPU."""
 
+    def _store(self, call: str, index: int, **values) -> None:
+        """A privileged setter ``call`` of GPU ``index``: refused as the node says, else each of
+        ``values`` stored in its shared state."""
+        self._privileged(call, index)
+        state = self.node.view(index).state
+        for name, value in values.items():
+            state.set(name, value)
+
     def _privileged(self, call: str, index: int) -> None:
         s = self.node.settings
         for name, error, gpu in s.refusals:
@@ -55,8 +63,7 @@ class Control:
         limit = _uint(limit)
         if not low <= limit <= high:
             raise self.error("INVALID_ARGUMENT")
-        self._privileged("nvmlDeviceSetPowerManagementLimit", index)
-        self.node.view(index).state.set("power_limit_mw", limit)
+        self._store("nvmlDeviceSetPowerManagementLimit", index, power_limit_mw=limit)
 
     # ---------------------------------------------------------------------------- clocks
     def _clock(self, index: int, type_, which: str) -> int:
@@ -108,17 +115,11 @@ class Control:
         high = special.get(_uint(maxGpuClockMHz), _uint(maxGpuClockMHz))
         if not p.min_sm_mhz <= low <= high <= p.max_sm_mhz:
             raise self.error("INVALID_ARGUMENT")
-        self._privileged("nvmlDeviceSetGpuLockedClocks", index)
-        state = self.node.view(index).state
-        state.set("locked_min_mhz", low)
-        state.set("locked_max_mhz", high)
+        self._store("nvmlDeviceSetGpuLockedClocks", index, locked_min_mhz=low, locked_max_mhz=high)
 
     def nvmlDeviceResetGpuLockedClocks(self, handle):
         index = self.gpu(handle)
-        self._privileged("nvmlDeviceResetGpuLockedClocks", index)
-        state = self.node.view(index).state
-        state.set("locked_min_mhz", 0)
-        state.set("locked_max_mhz", 0)
+        self._store("nvmlDeviceResetGpuLockedClocks", index, locked_min_mhz=0, locked_max_mhz=0)
 
     def nvmlDeviceSetApplicationsClocks(self, handle, maxMemClockMHz, maxGraphicsClockMHz):
         index = self.gpu(handle)
@@ -126,14 +127,8 @@ class Control:
         mem, sm = _uint(maxMemClockMHz), _uint(maxGraphicsClockMHz)
         if mem not in p.mem_mhz or sm not in p.supported_sm_mhz():
             raise self.error("INVALID_ARGUMENT")
-        self._privileged("nvmlDeviceSetApplicationsClocks", index)
-        state = self.node.view(index).state
-        state.set("app_mem_mhz", mem)
-        state.set("app_sm_mhz", sm)
+        self._store("nvmlDeviceSetApplicationsClocks", index, app_mem_mhz=mem, app_sm_mhz=sm)
 
     def nvmlDeviceResetApplicationsClocks(self, handle):
         index = self.gpu(handle)
-        self._privileged("nvmlDeviceResetApplicationsClocks", index)
-        state = self.node.view(index).state
-        state.set("app_mem_mhz", 0)
-        state.set("app_sm_mhz", 0)
+        self._store("nvmlDeviceResetApplicationsClocks", index, app_mem_mhz=0, app_sm_mhz=0)

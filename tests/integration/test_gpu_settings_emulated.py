@@ -4,7 +4,7 @@ launcher through the job's emulated NVML (energysweep.hw.nvml.for_job), read bac
 every job's GPUs put back (docs/gpu-settings.md, docs/emulated-node.md).
 
 One sweep, real Snakemake + torchrun (gloo) + Parquet, only NVML emulated: power limits
-{200, 500} W x clocks {medium, 1410 MHz} on a one-GPU layout and a dp=2 layout, inference, one
+{200, 500} W x clocks {1410 MHz, highm1} on a one-GPU layout and a dp=2 layout, inference, one
 batch size, with a PUE and a carbon intensity for the boundary ladder. The node refuses
 ``nvmlDeviceSetApplicationsClocks`` on its GPU 1 (a scripted refusal): the dp=2 jobs, whose
 second GPU is GPU 1, must be flagged and never measured. A separate job has a rank SIGKILLed;
@@ -36,7 +36,7 @@ from conftest import test_env, workflow_copy
 pytestmark = [pytest.mark.integration]
 TIMEOUT_S = 900
 PROFILE = "h100-sxm"
-LIMITS, CLOCKS = [200, 500], ["medium", "1410"]
+LIMITS, CLOCKS = [200, 500], ["1410", "highm1"]
 EMULATED = {
     "profile": PROFILE,
     "allow_privileged": True,  # root on a real node: the setters are allowed ...

@@ -93,3 +93,49 @@ def test_pid_activity_follows_the_processes_it_is_given():
         for proc in (busy, idle):
             proc.kill()
             proc.wait(timeout=10)
+
+
+# A process that burns the CPU for N loop turns per line read, answers, and blocks until the next.
+BURNER = "import sys\nfor n in sys.stdin:\n    sum(range(int(n)))\n    print(flush=True)\n"
+
+
+def _burn(proc: subprocess.Popen, turns: int) -> None:
+    proc.stdin.write(f"{turns}\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "\n"
+
+
+def _cpu_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])  # its one thread
+
+
+def test_pid_activity_counts_only_cpu_spent_in_the_interval_as_the_set_changes():
+    """A server joining the set brings CPU time spent before it, and a process that ends takes
+    its total with it: neither may count (a sum over the set less the previous sum did both)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BURNER],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    a, b = procs
+    try:
+        _burn(a, 20_000_000)  # a long-running process, now blocked: no CPU from here on
+        _burn(b, 2_000_000)
+        current = []
+        act = emulated.PidActivity(lambda: current)
+        act.fraction(0, 0)
+        current[:] = [a.pid, b.pid]  # both join, with their CPU time so far
+        assert act.fraction(0, 10**9) == 0.0
+        before = _cpu_ns(b.pid)
+        a.kill()
+        a.wait(timeout=10)
+        _burn(b, 2_000_000)  # b works while a has ended (a's larger total left the set)
+        spent = _cpu_ns(b.pid) - before
+        assert spent > 0
+        assert act.fraction(0, 10**9) * 1e9 == pytest.approx(spent, rel=1e-6)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)

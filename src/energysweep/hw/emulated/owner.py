@@ -44,34 +44,47 @@ class ProcessActivity:
 
 
 class PidActivity:
-    """CPU busy fraction of a set of processes (all their threads; ``/proc/<pid>/task``)."""
+    """CPU busy fraction of a set of processes (all their threads; ``/proc/<pid>/task``).
+
+    CPU time is kept per thread: an interval counts the growth of every thread seen in the
+    previous sample and all of a thread born since in a process seen then. A process first seen
+    counts from its next sample (a server that joins the set brings CPU time spent before it),
+    and a process or thread that ended drops out (its total no longer offsets the others').
+    """
 
     def __init__(self, pids):
         self.pids = pids  # a list, or a callable returning the current list
-        self._last = None
+        self._last: dict[int, dict[str, int]] | None = None
 
     @staticmethod
-    def _cpu_ns(pid: int) -> int:
-        total = 0
+    def _threads_ns(pid: int) -> dict[str, int] | None:
+        """CPU ns of each live thread of ``pid``; None if the process is gone."""
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
-            return 0
+            return None
+        out = {}
         for task in tasks:
             try:
                 with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[0])
+                    out[task] = int(f.read().split()[0])
             except (OSError, ValueError, IndexError):
                 continue  # the thread ended
-        return total
+        return out
 
     def fraction(self, t_prev_ns: int, t_now_ns: int) -> float:
         pids = self.pids() if callable(self.pids) else self.pids
-        busy = sum(self._cpu_ns(p) for p in pids)
-        last, self._last = self._last, busy
+        now = {p: t for p in pids if (t := self._threads_ns(p)) is not None}
+        last, self._last = self._last, now
         if last is None or t_now_ns <= t_prev_ns:
             return 0.0
-        return max(0.0, busy - last) / (t_now_ns - t_prev_ns)
+        busy = 0
+        for pid, threads in now.items():
+            before = last.get(pid)
+            if before is None:
+                continue  # first seen: its CPU time so far is not this interval's
+            busy += sum(max(0, ns - before.get(tid, 0)) for tid, ns in threads.items())
+        return busy / (t_now_ns - t_prev_ns)
 
 
 class FunctionActivity:

@@ -115,7 +115,9 @@ def test_pid_activity_counts_only_cpu_spent_in_the_interval_as_the_set_changes()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", BURNER],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for _ in range(2)
     ]

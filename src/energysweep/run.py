@@ -77,8 +77,19 @@ def _gpus_measured(job: LaunchedJob, ctx: dist.RankContext) -> list[str]:
         from energysweep.scenarios.serving_client import ServedGpus
 
         served = ctx.device.startswith("cuda") or hw_nvml.emulated()
-        return ServedGpus.gpu_uuids() if served else []
+        return ServedGpus(ctx.layout.world_size).gpu_uuids() if served else []
     return hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
+
+
+def _gpu_load(job: LaunchedJob):
+    """The processes whose activity is the emulated GPUs' load: this rank's own (None), or a
+    serving client's server (every process of it, as it changes with each batch cap's server):
+    the server computes on the GPUs, the client only sends requests and reads counters."""
+    if job.key.scenario == SERVING:
+        from energysweep.launch.server import server_pids
+
+        return server_pids
+    return None
 
 
 def _write_no_requests(job: LaunchedJob) -> None:
@@ -137,7 +148,7 @@ def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     make_server = partial(
         server_for_job, job, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")
     )
-    monitor = JobMonitor(job, ctx, backend=ServedGpus())
+    monitor = JobMonitor(job, ctx, backend=ServedGpus(ctx.layout.world_size))
     scenario = ServingScenario(job, ctx, prompts, monitor, make_server)
     t0 = time.time()
     scenario.start_server(job.batch_sizes[0])
@@ -177,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     ctx, audits, seeds = _start_ranks(job)
     gpus = _gpus_measured(job, ctx)
-    # On the emulated node this rank's activity is its GPU's load from here on (hw/emulated).
-    owner = hw_nvml.attach(gpus)
+    # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
+    owner = hw_nvml.attach(gpus, pids=_gpu_load(job))
     # Fail closed (measurement.require_energy) before the model is loaded.
     from energysweep.validity.require import check_job
 

@@ -185,6 +185,13 @@ def _suffix(title: str, tag: str) -> int:
     return 0
 
 
+def server_pids() -> list[int]:
+    """Every live process of this client's server (none between servers): the client's
+    descendants (module docstring). The load generator is no process of its own: it runs in the
+    client's event loop (scenarios/serving_load.py), so it is never among them."""
+    return procs.descendants(os.getpid())
+
+
 class Server:
     """One running server (see the module docstring). Start it from the client process only."""
 
@@ -265,7 +272,7 @@ class Server:
 
     def pids(self) -> list[int]:
         """Every live process of the server: the client's descendants (module docstring)."""
-        return procs.descendants(os.getpid())
+        return server_pids()
 
     def stop(self, grace_s: float) -> list[int]:
         """Stop every process of the server (module docstring); the pids that needed SIGKILL."""

@@ -115,10 +115,14 @@ class Watchdog:
 
 class ServedGpus:
     """The backend hooks of energysweep.measure.monitor.JobMonitor for a serving client: it
-    measures every GPU of the job (CUDA_VISIBLE_DEVICES), which the server's workers use."""
+    measures every GPU of the job, which the server's workers use: the first ``n_gpus`` (the
+    layout's tp x pp x dp) of CUDA_VISIBLE_DEVICES, as the engine places its workers (outside
+    Slurm every GPU of the node is visible; the job's are the first)."""
 
-    @staticmethod
-    def gpu_uuids() -> list[str]:
+    def __init__(self, n_gpus: int):
+        self.n_gpus = n_gpus
+
+    def gpu_uuids(self) -> list[str]:
         """The job's GPUs by UUID; empty where NVML cannot be read (the source says why)."""
         from energysweep.hw import nvml as hw_nvml
 
@@ -128,9 +132,10 @@ class ServedGpus:
             print(f"serving: no GPU energy: NVML: {exc}", flush=True)
             return []
         try:
-            return hw_nvml.resolve_visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            visible = hw_nvml.resolve_visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
         finally:
             hw_nvml.shutdown()
+        return visible[: self.n_gpus]
 
     @staticmethod
     def wrap_energy_source(source):

@@ -218,11 +218,17 @@ class ServingScenario(Scenario):
             return parse_metrics(text, wanted) if status == 200 else None
 
         def on_open():
+            # GPU settings and node energy are read outside the edges, as measure_window does,
+            # and the GPU counters' refreshes awaited (energy/ticks.py) before the start edge:
+            # the edge is where the counters' start values are taken.
+            settings = m.settings.read()
+            m.node.begin()
+            m.energy.prepare()
             start = wall_ns()
             m.energy.begin()
             m.host.begin()
             self.server_cpu.begin()
-            return {"wall_ns": start, "metrics": read_counters()}
+            return {"wall_ns": start, "metrics": read_counters(), "settings": settings}
 
         def on_close():
             end = wall_ns()
@@ -233,6 +239,8 @@ class ServingScenario(Scenario):
                 "host": host,
                 "cpu_s": cpu_s,
                 "metrics": read_counters(),
+                "settings": m.settings.read(),
+                "node": m.node.end(),
             }
 
         queue = QueueSamples()
@@ -335,6 +343,8 @@ class ServingScenario(Scenario):
             "readings": run.closed["readings"],
             "host": run.closed["host"],
             "cpu_s": run.closed["cpu_s"],
+            "settings": (run.opened["settings"], run.closed["settings"]),
+            "node": run.closed["node"],
             "tin": stats["input_tokens"],
             "tout": stats["output_tokens"],
         }

@@ -14,6 +14,7 @@ and the job's total. The figure that counts is the ratio: seconds vary with the 
     python bench/serving_overhead.py                   # rates sweep, tp1 (about 2 min on 2 cores)
     python bench/serving_overhead.py --concurrency     # concurrency levels instead
     python bench/serving_overhead.py --layouts 1,1,1 2,1,1 1,1,2 --caps 2 4   # longer
+    python bench/serving_overhead.py --quick           # one rate, one repetition (the tests)
 """
 
 from __future__ import annotations
@@ -48,8 +49,16 @@ def config(args) -> dict:
         if args.concurrency
         else {"request_rates": [2, 8, 32], "concurrency": None}
     )
+    base = BASE
+    if args.quick:  # the same path at the smallest size: one load level, one short repetition
+        axis = {k: v[:1] if v else v for k, v in axis.items()}
+        base = {
+            **BASE,
+            "workload": {**BASE["workload"], "repetitions": 1, "iterations": 4},
+            "measurement": {**BASE["measurement"], "min_window_s": 1},
+        }
     return {
-        **BASE,
+        **base,
         "serving": {
             **axis,
             "batch_caps": args.caps,
@@ -82,6 +91,7 @@ def main() -> int:
     parser.add_argument("--concurrency", action="store_true", help="concurrency levels")
     parser.add_argument("--layouts", nargs="+", default=["1,1,1"], help="tp,pp,dp ...")
     parser.add_argument("--caps", nargs="+", type=int, default=[4], help="batch caps")
+    parser.add_argument("--quick", action="store_true", help="one load level, one repetition")
     args = parser.parse_args()
     print(machine())
     with tempfile.TemporaryDirectory(prefix="es-bench-serving-") as tmp:
@@ -89,7 +99,8 @@ def main() -> int:
         cfg = config(args)
         (wf / "config" / "bench.yaml").write_text(yaml.safe_dump(cfg))
         t = check(timed(["snakemake", "--profile", "profiles/local", "--configfile",
-                         "config/bench.yaml", "--cores", "2"], wf, timeout_s=3600,
+                         "config/bench.yaml", "--cores", "2"], wf,
+                        timeout_s=380 if args.quick else 3600,
                         extra_env={"SLURM_CONF": "/dev/null"}), "serving sweep")  # fmt: skip
         print(f"sweep: {t.wall_s:.0f} s wall, {t.cpu_s:.0f} s CPU")
         totals = []

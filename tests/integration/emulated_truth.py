@@ -33,11 +33,13 @@ def against_truth(wf: Path) -> pd.DataFrame:
 # in seconds of its own energy, |measured - truth| / truth x window length. Unloaded: median
 # 1-2 ms, worst 12 ms. Under load (load average 10 from other work): median 5 ms, and single
 # windows up to 0.23 s where a rank was descheduled while it polled a counter (the emulated GPU
-# follows the rank's CPU; a real GPU's counter does not wait for our process). Reading the
+# follows the rank's CPU; a real GPU's counter does not wait for our process), and once 0.32 s
+# (a 1.1 s prefill window, load average ~5 from four test sessions at once). Reading the
 # counters at the edges instead (no alignment) gives a median of ~50 ms: the median bound is
-# what the alignment must meet, the worst-case bound catches a wrong GPU or a lost window.
+# what the alignment must meet; the worst-case bound catches a wrong GPU or a lost window (an
+# error of a whole window: >= 0.5 s, the pipeline tests' shortest window).
 MEDIAN_ERROR_S = 0.01
-WORST_ERROR_S = 0.3
+WORST_ERROR_S = 0.45
 
 
 def assert_matches_truth(rows: pd.DataFrame) -> None:

@@ -25,6 +25,7 @@ BENCHES = {
     "validity_scaling.py": "check: window timeline/counter ratio",
     "energy_accuracy.py": "energy_accuracy: ours worst |error| ",
     "validity_calibration.py": "false-invalid rate of healthy windows at the defaults: ",
+    "serving_overhead.py": "serving time outside windows / inside: ",
 }
 
 

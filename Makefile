@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv vllm-env lint lock lock-check dryrun report clean bench slurm-up slurm-down preflight chromium
+.PHONY: run test venv vllm-env lint lock lock-check dryrun report clean bench slurm-up slurm-down preflight chromium gpu-check
 
 # Environments install from lock files with hashes (envs/*.lock, made by `make lock`, see
 # envs/locks.py): `pip install --require-hashes --no-deps`, so a commit installs the same versions
@@ -146,6 +146,14 @@ lint: $(STAMP) lock-check
 PROFILE ?= profiles/local
 preflight: $(STAMP)
 	$(if $(filter profiles/local,$(PROFILE)),$(NO_SLURM)) $(SNAKEMAKE) --profile $(PROFILE) --forcerun preflight_node preflight
+
+# Calibration on a real GPU node (docs/emulated-node.md, "Real GPU calibration"): preflight, a
+# short cross-check sweep, and the measured counter period, read latency, idle power and
+# timeline/counter ratio beside the emulated profile's values (results/gpu-check.json).
+# GPU_CHECK_ARGS=--emulated runs it on the emulated node instead (a test of the command).
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(NO_SLURM) $(BIN)/python -m energysweep.validity.gpu_check --workflow $(CURDIR) $(GPU_CHECK_ARGS)
 
 dryrun: $(STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) -n --profile profiles/local

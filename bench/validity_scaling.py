@@ -116,7 +116,7 @@ def main() -> None:
     summary = aggregate.summarize(aggregate.windows(rows))
     t["summarize"] = time.process_time() - t0
     t0 = time.process_time()
-    table = recheck.recheck(rows, power, idle)
+    table = recheck.recheck(rows, power, idle, 0.0)
     t["recheck"] = time.process_time() - t0
     t0 = time.process_time()
     stages.stage_table(rows)

@@ -33,6 +33,7 @@ rule grid_tables:
     params:
         jobs=JOBS.to_dict("records"),
         skipped=GRID.skipped,
+        key_columns=PATH_KEYS,
     script:
         "../scripts/grid_tables.py"
 
@@ -66,5 +67,7 @@ rule merge_shards:
         "../envs/base.yaml"
     params:
         validity=config["validity"],
+        # PUE and carbon intensity for the energy boundary ladder (estimates, with provenance).
+        facility=config["facility"],
     script:
         "../scripts/aggregate.py"

@@ -11,9 +11,10 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from energysweep.sweep import config as es_config
 from energysweep.sweep import interpreters
+from energysweep.sweep import settings as es_settings
 from energysweep.measure.provenance import code_version
 from energysweep.job.backends import BACKENDS
-from energysweep.job.spec import JOB_KEYS, JobDir, JobKey, JobSpec
+from energysweep.job.spec import JobDir, JobKey, JobSpec
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -43,9 +44,14 @@ SWEEP_HASH = es_config.sweep_hash(config)
 CODE_VERSION = code_version(workflow.basedir)
 MODELS = {m["name"]: m for m in config["models"]}
 BATCH_SIZES = sorted(config["workload"]["batch_sizes"])
+# A serving job's batch axis is the engine's batch cap (config serving.batch_caps).
+SERVING_CAPS = sorted(config["serving"]["batch_caps"] or BATCH_SIZES)
 REPS = list(range(config["workload"]["repetitions"]))
 
-JOBS = pd.DataFrame([j.wildcards() for j in GRID.jobs], columns=list(JOB_KEYS))
+# The job-key columns of this sweep's paths: JOB_KEYS, the GPU setting axes (gpu.power_limit_w,
+# gpu.clock) only where the config sweeps them (energysweep.sweep.settings.path_keys).
+PATH_KEYS = es_settings.path_keys(config)
+JOBS = pd.DataFrame([j.wildcards() for j in GRID.jobs], columns=PATH_KEYS)
 PARAMS = Paramspace(JOBS)
 JOB_DIR = f"results/shards/{PARAMS.wildcard_pattern}"
 # Every output path of one job (energysweep.job.spec.JobDir), as wildcard patterns.
@@ -55,10 +61,12 @@ JOB_PATHS = JobDir(JOB_DIR)
 wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     backend="|".join(BACKENDS),
-    scenario=r"inference|training",
+    scenario=r"inference|training|serving",
     tp=r"\d+",
     pp=r"\d+",
     dp=r"\d+",
+    power_limit_w=es_settings.WILDCARD_CONSTRAINTS["power_limit_w"],
+    gpu_clock=es_settings.WILDCARD_CONSTRAINTS["gpu_clock"],
 
 
 def world_size(wildcards):
@@ -70,7 +78,7 @@ _JOB_SPECS = {}
 
 def get_job(wildcards):
     """The typed job of these wildcards (energysweep.job.spec.JobSpec), built once per job."""
-    key = JobKey.from_strings({k: getattr(wildcards, k) for k in JOB_KEYS})
+    key = JobKey.from_strings({k: getattr(wildcards, k) for k in PATH_KEYS})
     if key not in _JOB_SPECS:
         _JOB_SPECS[key] = JobSpec.from_config(config, key)
     return _JOB_SPECS[key]
@@ -145,13 +153,28 @@ def get_conda_env(wildcards):
 
 
 def get_python(wildcards):
-    """Interpreter of the job's ranks (energysweep.sweep.interpreters decides); "" = the job's own."""
-    return (
-        interpreters.interpreter(
-            wildcards.backend, config["environments"], workflow.basedir, USE_CONDA
-        )
-        or ""
+    """Interpreter of the job's ranks, or of a serving job's load client (energysweep.sweep.
+    interpreters decides); "" = the job's own."""
+    python, _ = interpreters.job_interpreters(
+        wildcards.backend,
+        wildcards.scenario,
+        config["environments"],
+        workflow.basedir,
+        USE_CONDA,
     )
+    return python or ""
+
+
+def get_server_python(wildcards):
+    """Interpreter of a serving job's server (its backend's environment); "" elsewhere."""
+    _, python = interpreters.job_interpreters(
+        wildcards.backend,
+        wildcards.scenario,
+        config["environments"],
+        workflow.basedir,
+        USE_CONDA,
+    )
+    return python or ""
 
 
 def get_tiny_spec(wildcards):
@@ -175,6 +198,17 @@ def get_job_spec(wildcards):
     return get_job(wildcards).to_json()
 
 
+def get_slurm_extra(wildcards):
+    """`--gpu-freq=<gpu.clock>` on the job's sbatch: Slurm sets the clocks (and resets them)."""
+    return es_settings.slurm_extra(get_job(wildcards).key)
+
+
+def get_constraint(wildcards):
+    """The node feature asking the site's prolog for the power limit (gpu.power_limit_method
+    slurm-prolog), else None (no --constraint)."""
+    return es_settings.constraint(get_job(wildcards).key, config)
+
+
 def get_all_job_records():
     return expand(
         JobDir("results/shards/{params}").job_json, params=PARAMS.instance_patterns
@@ -182,6 +216,8 @@ def get_all_job_records():
 
 
 STAGE_TABLE = "results/stages.csv"
+# The report's first screen (rules/report.smk, included by report/workflow.rst).
+HEADLINE = "results/report/headline.html"
 
 
 def report_figure(name, category, question):
@@ -217,6 +253,7 @@ def get_final_outputs():
         # Every figure and report page (rules/report.smk; called after it is included).
         *rules.figures.output,
         *rules.report_pages.output,
+        HEADLINE,
     ]
 
 
@@ -264,9 +301,12 @@ for _func in (
     get_model_input,
     get_conda_env,
     get_python,
+    get_server_python,
     get_tiny_spec,
     get_model_dir,
     get_job_spec,
     get_mem_mb,
+    get_slurm_extra,
+    get_constraint,
 ):
     overwrite_function_params(_func, inspect.signature(_func).parameters)

@@ -16,6 +16,8 @@ rule measure:
         requests=JOB_PATHS.requests,
     log:
         f"logs/measure/{PARAMS.wildcard_pattern}.log",
+    wildcard_constraints:
+        scenario="inference|training",
     conda:
         get_conda_env
     threads: get_threads
@@ -27,10 +29,30 @@ rule measure:
         tasks=get_tasks,
         tasks_per_gpu=get_tasks_per_gpu,
         mem_mb=get_mem_mb,
+        # gpu.clock as `--gpu-freq` and a slurm-prolog power limit as `--constraint`
+        # (energysweep.sweep.settings); None adds no flag. Ignored off Slurm.
+        slurm_extra=get_slurm_extra,
+        constraint=get_constraint,
     params:
         spec=get_job_spec,
         model_dir=get_model_dir,
         # The backend's environment (energysweep.sweep.interpreters): the ranks' interpreter.
         python=get_python,
+        # A serving job's server runs in its backend's environment ("" elsewhere).
+        server_python=get_server_python,
     script:
         "../scripts/measure.py"
+
+
+# A serving job (energysweep.scenarios.serving): the same step, one shard per batch cap and
+# repetition (each holds every load level's window of that repetition).
+use rule measure as serve with:
+    output:
+        shards=JOB_PATHS.shards(SERVING_CAPS, REPS),
+        job_table=JOB_PATHS.job_table,
+        job=JOB_PATHS.job_json,
+        generations=JOB_PATHS.generations,
+        power=JOB_PATHS.power,
+        requests=JOB_PATHS.requests,
+    wildcard_constraints:
+        scenario="serving",

@@ -20,6 +20,8 @@ rule preflight_node:
         require=config["measurement"]["require_energy"],
         max_idle_std_w=config["validity"]["max_idle_std_w"],
         throttle_reasons=config["validity"]["throttle_reasons"],
+        device=config["measurement"]["device"],
+        emulated=config["measurement"]["emulated"],
     script:
         "../scripts/preflight.py"
 

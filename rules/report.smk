@@ -8,6 +8,7 @@ report: "../report/workflow.rst"
 localrules:
     figures,
     report_pages,
+    headline,
 
 
 rule figures:
@@ -36,10 +37,31 @@ rule figures:
         training=report_figure(
             "training", "3 Training", "Energy per training token and throughput"
         ),
+        serving_pareto=report_figure(
+            "serving_pareto", "4 Serving", "Energy per request vs throughput, the knee"
+        ),
+        serving_latency=report_figure(
+            "serving_latency", "4 Serving", "Latency percentiles vs load"
+        ),
+        serving_slo=report_figure(
+            "serving_slo", "4 Serving", "Energy per request vs latency under the SLO"
+        ),
+        gpu_settings=report_figure(
+            "gpu_settings",
+            "1 Inference",
+            "Energy per token by GPU power limit and clock",
+        ),
+        energy_ladder=report_figure(
+            "energy_ladder",
+            "2 Where energy goes",
+            "Energy boundary ladder: GPU, host, node, facility, CO2e",
+        ),
     log:
         "logs/figures.log",
     conda:
         "../envs/base.yaml"
+    params:
+        slo=config["serving"]["slo"],
     script:
         "../scripts/figures.py"
 
@@ -55,13 +77,13 @@ rule report_pages:
         summary=report(
             "results/report/summary.html",
             caption="../report/summary_table.rst",
-            category="4 Tables",
+            category="5 Tables",
             labels={"figure": "Summary table (every grid point)"},
         ),
         environment=report(
             "results/report/environment.html",
             caption="../report/environment.rst",
-            category="4 Tables",
+            category="5 Tables",
             labels={"figure": "Environment and provenance"},
         ),
     log:
@@ -70,3 +92,20 @@ rule report_pages:
         "../envs/base.yaml"
     script:
         "../scripts/report_pages.py"
+
+
+# The report's first screen: the sweep's answer (best valid configuration per batch size, valid
+# and invalid counts with their reasons, the GPU setting banner). report/workflow.rst includes
+# this fragment, so it opens the report before anything else.
+rule headline:
+    input:
+        summary="results/summary.csv",
+        energy="results/energy.parquet",
+    output:
+        headline=HEADLINE,
+    log:
+        "logs/headline.log",
+    conda:
+        "../envs/base.yaml"
+    script:
+        "../scripts/headline.py"

@@ -25,4 +25,5 @@ with step_log(sm.log[0], sm.rule):
         validation_out=sm.output.validation,
         stages_out=sm.output.stages,
         validity_config=sm.params.validity,
+        facility_config=sm.params.facility,
     )

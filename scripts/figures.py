@@ -18,4 +18,5 @@ with step_log(sm.log[0], sm.rule):
         list(sm.input.jobs),
         outputs=dict(sm.output.items()),
         stages_csv=inputs.get("stages"),
+        slo=dict(sm.params.slo),
     )

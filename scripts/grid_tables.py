@@ -10,9 +10,8 @@ from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
-    from energysweep.job.spec import JOB_KEYS
-
-    COLS = list(JOB_KEYS)
+    # The job-key columns of the sweep's paths (energysweep.sweep.settings.path_keys).
+    COLS = list(sm.params.key_columns)
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),
         (sm.output.skipped, sm.params.skipped, [*COLS, "reason"]),

@@ -15,8 +15,10 @@ with step_log(sm.log[0], sm.rule) as log:
 
     spec = JobSpec.from_json(dict(sm.params.spec))
     job_dir = JobDir.of(sm.output.job)
-    # The rule's outputs are JobDir's paths (rules/measure.smk); a mismatch is a bug here.
-    outputs = job_dir.outputs(spec.batch_sizes, spec.workload.repetitions)
+    # The rule's outputs are JobDir's paths (rules/measure.smk); a mismatch is a bug here. The
+    # emulated node's state directory (measurement.device emulated) is published with the job
+    # but is no rule output: the pipeline never reads it.
+    outputs = job_dir.outputs(spec.batch_sizes, spec.workload.repetitions, emulated=False)
     assert outputs.paths() == [
         *sm.output.shards, sm.output.job_table, sm.output.job, sm.output.generations,
         sm.output.power, sm.output.requests,
@@ -31,4 +33,6 @@ with step_log(sm.log[0], sm.rule) as log:
         cpus=sm.threads,
         # "" (pytorch; any backend under conda): this Python, the rule's environment.
         python=sm.params.python or sys.executable,
+        # A serving job's server interpreter ("" on other jobs).
+        server_python=sm.params.server_python or None,
     )

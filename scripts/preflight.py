@@ -10,6 +10,15 @@ from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
+    import time
+
+    from energysweep.hw import emulated
+
+    if sm.params.device == "emulated":  # an idle emulated node, before hw.nvml picks its module
+        state = Path(sm.output[0]).with_name(f"emulated-{Path(sm.output[0]).stem}")
+        node = emulated.prepare(state, sm.params.emulated, time.time_ns())
+        os.environ.update(emulated.job_env(state, node, dict(os.environ)))
+
     from energysweep.hw import nvml as hw_nvml
     from energysweep.validity import preflight
 

@@ -67,6 +67,51 @@ def local_run(tmp_path_factory) -> tuple[Path, str]:
     return wf, cfg
 
 
+# The default layouts (tp, pp, dp up to 2 GPUs; inference and training) on the emulated GPU node
+# (measurement.device emulated, docs/emulated-node.md): GPU joules flow through every stage. One
+# run per session (tests/integration/test_emulated_pipeline.py); short windows keep it cheap.
+EMULATED = {
+    "scenarios": ["inference", "training"],
+    "workload": {"batch_sizes": [2], "repetitions": 2, "iterations": 1},
+    "measurement": {
+        "device": "emulated",
+        "min_window_s": 0.5,
+        "idle_baseline_s": 0.5,
+        "cooldown_s": 0.1,
+        "sampler_hz": 10,
+        "emulated": {"profile": "h100-sxm"},
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def emulated_run(tmp_path_factory) -> tuple[Path, str]:
+    """The default layouts on the emulated node, with the report: (workflow dir, config)."""
+    import subprocess
+
+    import yaml
+
+    wf = workflow_copy(tmp_path_factory.mktemp("emulated"))
+    (wf / "config" / "emulated.yaml").write_text(yaml.safe_dump(EMULATED))
+    cfg = "config/emulated.yaml"
+    proc = subprocess.run(
+        ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}",
+         "--report", "results/report.html", "--report-after-run"],
+        cwd=wf, env=test_env(), capture_output=True, text=True, timeout=LOCAL_RUN_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return wf, cfg
+
+
+@pytest.fixture(scope="session")
+def vllm_offline(tmp_path_factory) -> Path:
+    """The real offline vLLM sweep of test_vllm_real (once per session; test_serving_real
+    compares the server's greedy tokens with it)."""
+    from test_vllm_real import offline_run
+
+    return offline_run(tmp_path_factory)
+
+
 @pytest.fixture
 def fake_nvml(monkeypatch):
     """Install a fake pynvml (real constants/errors) wherever energysweep imports it."""
@@ -75,9 +120,14 @@ def fake_nvml(monkeypatch):
     def install(gpus, init_error=None):
         mod = fake_pynvml.make_fake(gpus, init_error)
         monkeypatch.setitem(sys.modules, "pynvml", mod)
+        import energysweep.energy.ticks as ticks
         import energysweep.hw.nvml as nvml
 
         monkeypatch.setattr(nvml, "pynvml", mod)
+        # A fake counter changes when a test changes it (or every few ms): a window edge waits
+        # for a refresh only briefly, then reads unaligned (tests of the alignment use the
+        # emulated node's counter, test_energy_alignment.py).
+        monkeypatch.setattr(ticks, "TIMEOUT_S", 0.02)
         return mod
 
     return install

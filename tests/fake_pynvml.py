@@ -10,12 +10,18 @@ fails if src calls a function the fake lacks.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import re
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pynvml as real
+
+# What NVML accepts as a UUID (anything else is NVML_ERROR_INVALID_ARGUMENT, not NOT_FOUND).
+UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_HANDLE_BASE = 0x7F5E_0000_0000
 
 FAKED = [
     "nvmlInit",
@@ -43,7 +49,23 @@ FAKED = [
     # Zeus calls these while it sets up its GPUs.
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetC2cModeInfoV",
+    # Power limits and applications clocks (gpu.power_limit_w, gpu.clock).
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
+    "nvmlDeviceSetPowerManagementLimit",
+    "nvmlDeviceGetApplicationsClock",
+    "nvmlDeviceGetDefaultApplicationsClock",
+    "nvmlDeviceGetSupportedMemoryClocks",
+    "nvmlDeviceGetSupportedGraphicsClocks",
+    "nvmlDeviceSetApplicationsClocks",
+    "nvmlDeviceResetApplicationsClocks",
 ]
+
+# H100 SXM figures (energy reference, "Emulating a GPU node"): power limit range and clocks.
+DEFAULT_LIMIT_MW = 700_000
+LIMIT_RANGE_MW = (200_000, 700_000)
+MEM_CLOCKS_MHZ = [2619]
+SM_CLOCKS_MHZ = list(range(1980, 344, -15))  # 1980, 1965, ..., 345 (as NVML lists: descending)
 
 
 @dataclass
@@ -63,11 +85,29 @@ class FakeGpu:
     counter_period_s: float | None = None
     counter_rate_mw: int | None = None
     counter_stuck: bool = False
+    # Settings, as a privileged caller left them (they persist, as on a real GPU). 0 = default.
+    power_limit_mw: int = DEFAULT_LIMIT_MW
+    app_sm_mhz: int = 0
+    app_mem_mhz: int = 0
+    # Whether setters are allowed (root), and setters refused anyway: {function name: NVML code}.
+    privileged: bool = False
+    refuse: dict = field(default_factory=dict)
+    # Another cap below the set limit (e.g. a thermal or system cap): the enforced limit.
+    external_cap_mw: int | None = None
 
 
-class _Handle:
-    def __init__(self, index: int):
-        self.index = index
+def _handle(index: int):
+    """A real ``c_nvmlDevice_t`` (what the real binding returns) whose address names the GPU."""
+    return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + 0x100 * (index + 1)), real.c_nvmlDevice_t)
+
+
+def _index(handle) -> int | None:
+    try:
+        address = ctypes.cast(handle, ctypes.c_void_p).value or 0
+    except (ctypes.ArgumentError, TypeError):
+        return None
+    offset = address - _HANDLE_BASE
+    return offset // 0x100 - 1 if offset > 0 and offset % 0x100 == 0 else None
 
 
 def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.ModuleType:
@@ -90,9 +130,10 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
 
     def gpu(handle):
         need_init()
-        if not isinstance(handle, _Handle) or not 0 <= handle.index < len(gpus):
+        index = _index(handle)
+        if index is None or not 0 <= index < len(gpus):
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
-        return gpus[handle.index]
+        return gpus[index]
 
     def nvmlInit():
         if init_error is not None:
@@ -111,14 +152,16 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         need_init()
         if not 0 <= index < len(gpus):
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
-        return _Handle(index)
+        return _handle(index)
 
     def nvmlDeviceGetHandleByUUID(uuid):
         need_init()
         uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        if not isinstance(uuid, str) or not UUID_RE.match(uuid):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
         for i, g in enumerate(gpus):
             if g.uuid == uuid:
-                return _Handle(i)
+                return _handle(i)
         raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetTotalEnergyConsumption(handle):
@@ -132,11 +175,24 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         return g.energy_mj + int(ticks * g.counter_period_s * rate)
 
     def nvmlDeviceGetTemperature(handle, sensor):
-        return gpu(handle).temperature_c
+        g = gpu(handle)
+        if sensor != real.NVML_TEMPERATURE_GPU:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return g.temperature_c
+
+    def clock_type(type_) -> None:
+        if type_ not in (
+            real.NVML_CLOCK_SM,
+            real.NVML_CLOCK_GRAPHICS,
+            real.NVML_CLOCK_MEM,
+            real.NVML_CLOCK_VIDEO,
+        ):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlDeviceGetMaxClockInfo(handle, type):  # noqa: A002 - real parameter name
         gpu(handle)
-        return 1980 if type == real.NVML_CLOCK_SM else 2619
+        clock_type(type)
+        return 2619 if type == real.NVML_CLOCK_MEM else 1980
 
     def nvmlDeviceGetArchitecture(device):
         gpu(device)
@@ -147,12 +203,65 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)  # not a Grace Hopper superchip
 
     def nvmlDeviceGetClockInfo(handle, type):  # noqa: A002 - real parameter name
+        g = gpu(handle)
+        clock_type(type)
+        if type == real.NVML_CLOCK_MEM:
+            return g.app_mem_mhz or MEM_CLOCKS_MHZ[0]
+        return g.app_sm_mhz or SM_CLOCKS_MHZ[0]
+
+    def privileged(g, name):
+        if name in g.refuse:
+            raise real.NVMLError(g.refuse[name])
+        if not g.privileged:
+            raise real.NVMLError(real.NVML_ERROR_NO_PERMISSION)
+
+    def nvmlDeviceSetPowerManagementLimit(handle, limit):
+        g = gpu(handle)
+        if not LIMIT_RANGE_MW[0] <= limit <= LIMIT_RANGE_MW[1]:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        privileged(g, "nvmlDeviceSetPowerManagementLimit")
+        g.power_limit_mw = int(limit)
+
+    def nvmlDeviceGetEnforcedPowerLimit(handle):
+        g = gpu(handle)
+        return min(g.power_limit_mw, g.external_cap_mw or g.power_limit_mw)
+
+    def app_clock(handle, type, default):  # noqa: A002
+        g = gpu(handle)
+        if type == real.NVML_CLOCK_MEM:
+            return MEM_CLOCKS_MHZ[0] if default else (g.app_mem_mhz or MEM_CLOCKS_MHZ[0])
+        if type in (real.NVML_CLOCK_GRAPHICS, real.NVML_CLOCK_SM):
+            return SM_CLOCKS_MHZ[0] if default else (g.app_sm_mhz or SM_CLOCKS_MHZ[0])
+        raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(handle, memoryClockMHz):
         gpu(handle)
-        return 1980
+        if memoryClockMHz not in MEM_CLOCKS_MHZ:
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return list(SM_CLOCKS_MHZ)
+
+    def nvmlDeviceSetApplicationsClocks(handle, maxMemClockMHz, maxGraphicsClockMHz):
+        g = gpu(handle)
+        if maxMemClockMHz not in MEM_CLOCKS_MHZ or maxGraphicsClockMHz not in SM_CLOCKS_MHZ:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        privileged(g, "nvmlDeviceSetApplicationsClocks")
+        g.app_mem_mhz, g.app_sm_mhz = int(maxMemClockMHz), int(maxGraphicsClockMHz)
+
+    def nvmlDeviceResetApplicationsClocks(handle):
+        g = gpu(handle)
+        privileged(g, "nvmlDeviceResetApplicationsClocks")
+        g.app_mem_mhz = g.app_sm_mhz = 0
 
     def nvmlDeviceGetMemoryInfo(handle, version=None):
         gpu(handle)
-        return types.SimpleNamespace(total=80 * 2**30, free=80 * 2**30, used=0)
+        mem = real.c_nvmlMemory_t()  # the real structure, as the real binding returns
+        mem.total, mem.free, mem.used = 80 * 2**30, 80 * 2**30, 0
+        return mem
+
+    def nvmlDeviceGetPciInfo_v3(handle):
+        info = real.nvmlPciInfo_t()
+        info.busId = gpu(handle).pci_bus_id
+        return info
 
     funcs = {
         "nvmlInit": nvmlInit,
@@ -161,25 +270,38 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         "nvmlDeviceGetHandleByIndex": nvmlDeviceGetHandleByIndex,
         "nvmlDeviceGetHandleByUUID": nvmlDeviceGetHandleByUUID,
         "nvmlDeviceGetUUID": lambda handle: gpu(handle).uuid,
-        "nvmlDeviceGetIndex": lambda handle: (gpu(handle), handle.index)[1],
+        "nvmlDeviceGetIndex": lambda handle: (gpu(handle), _index(handle))[1],
         "nvmlDeviceGetName": lambda handle: gpu(handle).name,
-        "nvmlDeviceGetPciInfo_v3": lambda handle: types.SimpleNamespace(
-            busId=gpu(handle).pci_bus_id
-        ),
+        "nvmlDeviceGetPciInfo_v3": nvmlDeviceGetPciInfo_v3,
         "nvmlDeviceGetTotalEnergyConsumption": nvmlDeviceGetTotalEnergyConsumption,
         "nvmlDeviceGetPowerUsage": lambda handle: gpu(handle).power_mw,
         "nvmlSystemGetDriverVersion": lambda: (need_init(), "580.95.05")[1],
         "nvmlDeviceGetMemoryInfo": nvmlDeviceGetMemoryInfo,
-        "nvmlDeviceGetPowerManagementLimit": lambda handle: (gpu(handle), 700_000)[1],
+        "nvmlDeviceGetPowerManagementLimit": lambda handle: gpu(handle).power_limit_mw,
         "nvmlDeviceGetClockInfo": nvmlDeviceGetClockInfo,
         "nvmlDeviceGetTemperature": nvmlDeviceGetTemperature,
         "nvmlDeviceGetCudaComputeCapability": lambda handle: (gpu(handle), (9, 0))[1],
-        "nvmlDeviceGetEnforcedPowerLimit": lambda handle: (gpu(handle), 700_000)[1],
+        "nvmlDeviceGetEnforcedPowerLimit": nvmlDeviceGetEnforcedPowerLimit,
         "nvmlDeviceGetMaxClockInfo": nvmlDeviceGetMaxClockInfo,
         "nvmlSystemGetCudaDriverVersion": lambda: (need_init(), 13000)[1],
         "nvmlDeviceGetArchitecture": nvmlDeviceGetArchitecture,
         "nvmlDeviceGetCurrentClocksEventReasons": lambda handle: gpu(handle).clock_event_reasons,
         "nvmlDeviceGetC2cModeInfoV": nvmlDeviceGetC2cModeInfoV,
+        "nvmlDeviceGetPowerManagementDefaultLimit": lambda handle: (
+            gpu(handle),
+            DEFAULT_LIMIT_MW,
+        )[1],
+        "nvmlDeviceGetPowerManagementLimitConstraints": lambda handle: (
+            gpu(handle),
+            list(LIMIT_RANGE_MW),
+        )[1],
+        "nvmlDeviceSetPowerManagementLimit": nvmlDeviceSetPowerManagementLimit,
+        "nvmlDeviceGetApplicationsClock": lambda handle, type: app_clock(handle, type, False),
+        "nvmlDeviceGetDefaultApplicationsClock": lambda handle, type: app_clock(handle, type, True),
+        "nvmlDeviceGetSupportedMemoryClocks": lambda handle: (gpu(handle), list(MEM_CLOCKS_MHZ))[1],
+        "nvmlDeviceGetSupportedGraphicsClocks": nvmlDeviceGetSupportedGraphicsClocks,
+        "nvmlDeviceSetApplicationsClocks": nvmlDeviceSetApplicationsClocks,
+        "nvmlDeviceResetApplicationsClocks": nvmlDeviceResetApplicationsClocks,
     }
     assert sorted(funcs) == sorted(FAKED)
     for name, fn in funcs.items():

@@ -98,10 +98,14 @@ def env_world() -> tuple[int, int, int]:
 
 
 def choose_device(requested: str, local_rank: int) -> str:
-    """``auto`` -> cuda:<local_rank> when CUDA works, else cpu; ``cuda`` without a GPU fails."""
+    """``auto`` -> cuda:<local_rank> when CUDA works, else cpu; ``cuda`` without a GPU fails.
+
+    ``emulated``: the rank computes on the CPU; its GPU is an emulated one (energysweep.hw.nvml
+    ``gpu_uuids``), whose power follows this rank's activity.
+    """
     import torch
 
-    if requested == "cpu":
+    if requested in ("cpu", "emulated"):
         return "cpu"
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
@@ -137,7 +141,7 @@ def init(placement: Placement, device: str, timeout_s: float) -> tuple[int, int,
         )
     # vLLM's external_launcher reuses this group; left to create its own it fails under torchrun
     # with dp > 1 (gloo `rank < size`), so its ranks always get one, even a world of 1.
-    if world > 1 or BACKENDS[backend].torchrun_always:
+    if world > 1 or (BACKENDS[backend].torchrun_always and mode == "torchrun"):
         import torch.distributed as dist
 
         # Under direct/mpi the GPUs belong to the engine's workers: our processes only

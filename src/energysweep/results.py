@@ -15,6 +15,8 @@ import pyarrow as pa
 
 from energysweep.aggregate import (
     environment_table,
+    gpu_setting,
+    ladder,
     load_job_records,
     merge,
     nulls,
@@ -23,11 +25,18 @@ from energysweep.aggregate import (
 )
 from energysweep.aggregate.publish import publish
 from energysweep.aggregate.windows import WINDOW_COLUMNS
+from energysweep.job.sections import Facility
 from energysweep.validity import verdict
 
-# Every summary column's null policy: the aggregate's and the verdict's.
-NULL_STATUS: dict[str, tuple[str, ...]] = {**nulls.NULL_STATUS, **verdict.NULL_STATUS}
-INFO_COLUMNS = nulls.INFO_COLUMNS | verdict.INFO_COLUMNS
+# Every summary column's null policy: the aggregate's, the GPU setting's, the ladder's and the
+# verdict's.
+NULL_STATUS: dict[str, tuple[str, ...]] = {
+    **nulls.NULL_STATUS,
+    **gpu_setting.NULL_STATUS,
+    **ladder.NULL_STATUS,
+    **verdict.NULL_STATUS,
+}
+INFO_COLUMNS = nulls.INFO_COLUMNS | gpu_setting.INFO_COLUMNS | verdict.INFO_COLUMNS
 
 
 def unexplained_nulls(summary: pd.DataFrame) -> list[str]:
@@ -45,6 +54,7 @@ def aggregate(
     validation_out: str | Path | None = None,
     stages_out: str | Path | None = None,
     validity_config: dict | None = None,
+    facility_config: dict | None = None,
 ) -> None:
     """Merge shards or job tables (``paths``; same schema) into ``energy_out`` (a hive-partitioned
     Parquet dataset, see
@@ -55,7 +65,10 @@ def aggregate(
     ``validation_out``/``stages_out``, also re-check every window against the jobs' power
     timelines, write the validation table and the per-stage table, and add the validity verdict
     to the summary (energysweep.validity; thresholds ``validity_config``, the validated config's
-    ``validity`` section, required then).
+    ``validity`` section, required then). Every point gets its GPU setting
+    (energysweep.aggregate.gpu_setting) and its energy boundary ladder
+    (energysweep.aggregate.ladder; PUE and carbon intensity from ``facility_config``, the
+    validated config's ``facility`` section; None: not estimated).
 
     All or nothing: everything is read, checked and computed before the first write; each
     output is written to a temp name beside it, and only when all are written are they renamed
@@ -70,7 +83,19 @@ def aggregate(
 
     records = load_job_records(jobs, snakemake_args) if jobs is not None else None
     table = merge(paths, records, snakemake_args)
-    summary = summarize(windows(table.select(WINDOW_COLUMNS).to_pandas()))
+    win = windows(table.select(WINDOW_COLUMNS).to_pandas())
+    summary = summarize(win)
+    if len(summary):
+        setting = gpu_setting.setting_columns(
+            summary, table.select(gpu_setting.ROW_COLUMNS).to_pandas()
+        )
+        rungs = ladder.ladder(
+            summary,
+            win,
+            table.select(ladder.NODE_COLUMNS).to_pandas(),
+            None if facility_config is None else Facility.from_config(facility_config),
+        )
+        summary = pd.concat([summary, setting, rungs], axis=1)
     validation = stages = None
     if validation_out is not None or stages_out is not None:
         summary, validation, stages = verdict.evaluate(

@@ -23,6 +23,7 @@ import traceback
 from energysweep import dist
 from energysweep.aggregate.windows import combine_ranks
 from energysweep.hw import nvml as hw_nvml
+from energysweep.job.backends import SERVING
 from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
 from energysweep.measure.monitor import JobMonitor
@@ -69,6 +70,28 @@ def _start_ranks(job: LaunchedJob) -> tuple[dist.RankContext, list[dict], dict]:
     return ctx, audits, _seed(job.seed)
 
 
+def _gpus_measured(job: LaunchedJob, ctx: dist.RankContext) -> list[str]:
+    """The GPUs this process measures: its own device's, or a serving client's every GPU of the
+    job (by NVML alone: the client must not open a CUDA context on its server's GPUs)."""
+    if job.key.scenario == SERVING:
+        from energysweep.scenarios.serving_client import ServedGpus
+
+        served = ctx.device.startswith("cuda") or hw_nvml.emulated()
+        return ServedGpus(ctx.layout.world_size).gpu_uuids() if served else []
+    return hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
+
+
+def _gpu_load(job: LaunchedJob):
+    """The processes whose activity is the emulated GPUs' load: this rank's own (None), or a
+    serving client's server (every process of it, as it changes with each batch cap's server):
+    the server computes on the GPUs, the client only sends requests and reads counters."""
+    if job.key.scenario == SERVING:
+        from energysweep.launch.server import server_pids
+
+        return server_pids
+    return None
+
+
 def _write_no_requests(job: LaunchedJob) -> None:
     """An empty requests.parquet: this backend/scenario reports no per-request timings."""
     from energysweep.backends import request_log
@@ -91,6 +114,8 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     """(backend or None, its load time or None, monitor, scenario) of the job, monitor started."""
     from energysweep.backends import load_backend
 
+    if job.key.scenario == SERVING:
+        return _serving(job, ctx, prompts)
     if job.key.scenario == "training":
         from energysweep.scenarios.training import TrainingScenario
 
@@ -111,6 +136,30 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     return backend, load_s, monitor, scenario
 
 
+def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
+    """The serving client: its first server is up before the idle baseline (the engine loaded
+    and idle, as the other scenarios measure it with the model loaded)."""
+    from functools import partial
+
+    from energysweep.launch.server import server_for_job
+    from energysweep.scenarios.serving import ServingScenario
+    from energysweep.scenarios.serving_client import ServedGpus
+
+    make_server = partial(
+        server_for_job, job, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")
+    )
+    monitor = JobMonitor(job, ctx, backend=ServedGpus(ctx.layout.world_size))
+    scenario = ServingScenario(job, ctx, prompts, monitor, make_server)
+    t0 = time.time()
+    scenario.start_server(job.batch_sizes[0])
+    monitor.start()
+    return None, time.time() - t0, monitor, scenario
+
+
+def _flat(rows_by_rank: list[list[dict]]) -> list[dict]:
+    return [r for rows in rows_by_rank for r in rows]
+
+
 def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int | None:
     """Every point of the job; rank 0 writes the shards and the job table (its row count)."""
     job_tables = []  # rank 0: every shard of the job, for the job table
@@ -118,7 +167,9 @@ def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int
         for rep, rows in enumerate(scenario.point(bs)):
             gathered = dist.gather(rows)
             if ctx.rank == 0:
-                table = shards.to_table(combine_ranks(gathered))
+                # A serving client's rows are final (one process measures every GPU).
+                rows = _flat(gathered) if scenario.rows_final else combine_ranks(gathered)
+                table = shards.to_table(rows)
                 tables_io.write_atomic(table, job.outputs.shard(bs, rep))
                 job_tables.append(table)
     if ctx.rank != 0:
@@ -136,13 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     job = LaunchedJob.load(args.spec)
     t_start = time.time()
     ctx, audits, seeds = _start_ranks(job)
+    gpus = _gpus_measured(job, ctx)
+    # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
+    owner = hw_nvml.attach(gpus, pids=_gpu_load(job))
     # Fail closed (measurement.require_energy) before the model is loaded.
     from energysweep.validity.require import check_job
 
     check_job(
         job.measurement,
         ctx.device,
-        hw_nvml.gpu_uuids(ctx.device),
+        gpus,
         ctx.local_rank,
         ctx.rank,
         ctx.host,
@@ -188,14 +242,20 @@ def main(argv: list[str] | None = None) -> int:
                 "window_s": window_ns[0] / 1e9,
                 "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
                 "backend_startup": startups if any(startups) else None,
+                # Serving: each server's start, warm-up and stop, each load run's ramp, window
+                # and drain (bench/serving_overhead.py reads them).
+                "serving": getattr(scenario, "timing", None),
             },
             job_table_rows,
         )
-    scenario.close()
+    scenario.close()  # serving: stops the last server, writes requests.parquet
     monitor.close()
+    if owner is not None:
+        owner.close()  # the emulated GPU's ground truth (emulated/<host>/truth-*.parquet)
     if backend is not None:
         backend.close()  # collective: engine backends gather and write requests.parquet here
-    if not getattr(backend, "writes_requests", False) and ctx.rank == 0:
+    writer = backend if backend is not None else scenario
+    if not getattr(writer, "writes_requests", False) and ctx.rank == 0:
         _write_no_requests(job)
     dist.barrier()
     dist.destroy()

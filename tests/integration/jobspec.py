@@ -43,11 +43,14 @@ def job_spec(
     workload: dict | None = None,
     training: dict | None = None,
     engine: dict | None = None,
+    power_limit_w: str | None = None,
+    gpu_clock: str | None = None,
     **config,
 ) -> JobSpec:
     """The spec of one job of the tiny model; ``measurement`` overrides :data:`FAST`, the other
     sections override the schema's defaults, ``config`` sets top-level keys (``dtype``, ...).
-    ``layout`` defaults to one rank."""
+    ``layout`` defaults to one rank; ``power_limit_w``/``gpu_clock`` are the key's GPU setting
+    axes as text (None: not swept), their values in ``config``'s ``gpu`` section."""
     layout = layout or ParallelLayout()
     cfg = validated_config(
         workload={"batch_sizes": list(batch_sizes), "repetitions": reps, **(workload or {})},
@@ -56,7 +59,8 @@ def job_spec(
         engine=engine or {},
         **config,
     )
-    key = JobKey("tiny", backend, scenario, layout.tp, layout.pp, layout.dp)
+    degrees = (layout.tp, layout.pp, layout.dp)
+    key = JobKey("tiny", backend, scenario, *degrees, power_limit_w, gpu_clock)
     return JobSpec.from_config(cfg, key)
 
 
@@ -72,7 +76,9 @@ def launched_job(
     s = job_spec(**spec)
     return s.launched(
         model_dir=str(model_dir),
-        outputs=JobDir(str(out)).outputs(s.batch_sizes, s.workload.repetitions),
+        outputs=JobDir(str(out)).outputs(
+            s.batch_sizes, s.workload.repetitions, emulated=s.measurement.device == "emulated"
+        ),
         limits=limits(),
         code_version="test",
         launch_argv=[],

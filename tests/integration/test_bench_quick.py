@@ -23,6 +23,9 @@ BENCHES = {
     "report_startup.py": "one start-up saves ",
     "sampler_overhead.py": "sampler thread CPU: ",
     "validity_scaling.py": "check: window timeline/counter ratio",
+    "energy_accuracy.py": "energy_accuracy: ours worst |error| ",
+    "validity_calibration.py": "false-invalid rate of healthy windows at the defaults: ",
+    "serving_overhead.py": "serving time outside windows / inside: ",
 }
 
 

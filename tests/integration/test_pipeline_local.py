@@ -362,3 +362,50 @@ def test_report_renders_in_headless_chromium(local_run, tmp_path):
         ):
             assert needle in text, needle
         assert browser.errors() == []
+
+
+@pytest.mark.timeout(300)
+def test_report_first_screen_answers_the_sweep_question_on_cpu(local_run, tmp_path):
+    """Before the workflow graph, the opening page says what the sweep found: on CPU that no
+    GPU energy was measured (every point no_gpu_energy), the CPU-time leaders, the valid and
+    invalid counts and the GPU setting banner; the ladder's rungs are null with statuses."""
+    wf, _ = local_run
+    summary = pd.read_csv(wf / "results" / "summary.csv")
+    rungs = ("boundary_gpu", "boundary_gpu_host", "boundary_node", "boundary_idle_net")
+    for rung in rungs:
+        assert summary[f"{rung}_j_per_token"].isna().all()
+        assert summary[f"{rung}_status"].str.startswith("unavailable (").all(), rung
+    assert summary["co2e_estimate_status"].str.contains("not estimated|unavailable").all()
+    assert (summary["power_limit_w"] == "unset").all()
+    e = pd.read_parquet(wf / "results" / "energy.parquet")
+    assert set(e["node_energy_status"]) <= {"unavailable", "not-read"}
+    assert e["node_energy_mj"].isna().all()
+    with Chromium(tmp_path / "profile", timeout_s=60) as browser:
+        page = browser.open_page((wf / "results" / "report.html").resolve().as_uri())
+        browser.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            session=page,
+        )
+        where = browser.evaluate(
+            page,
+            """(() => {
+            const h = document.getElementById('es-headline');
+            const graph = document.querySelector('canvas, svg.rulegraph, #rulegraph');
+            if (!h) return null;
+            const r = h.getBoundingClientRect();
+            return {top: r.top, bottom: r.bottom, height: window.innerHeight,
+                    text: h.innerText,
+                    before_graph: graph ? !!(h.compareDocumentPosition(graph)
+                                  & Node.DOCUMENT_POSITION_FOLLOWING) : null};
+            })()""",
+        )
+        assert where is not None, "the report's opening page has no headline"
+        assert 0 <= where["top"] < 200 and where["before_graph"] is True, where
+        text = where["text"]
+        n = len(summary)
+        assert f"{n} points: 0 valid, {n} invalid" in text
+        assert f"every point ({n} of {n}) is no_gpu_energy" in text
+        assert "CPU s per output token" in text and "CPU s per training token" in text
+        assert "GPU setting: node default" in text
+        assert browser.errors() == []

@@ -17,7 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from emulated_truth import against_truth, assert_matches_truth
 
+from energysweep.hw.emulated.node import identity
 from energysweep.launch import procs
 
 from conftest import test_env, workflow_copy
@@ -44,6 +46,9 @@ TINY = {
     },
     "limits": {"collective_timeout_s": COLLECTIVE_TIMEOUT_S},
 }
+# The layout sweep runs on emulated GPU nodes with the 4 GPUs each node's GRES declares: every
+# rank owns the GPU CUDA_VISIBLE_DEVICES names on its own node (docs/emulated-node.md).
+EMULATED = {**TINY["measurement"], "device": "emulated", "emulated": {"node_gpus": 4}}
 # gpus_per_node 1: tp2, pp2, dp2 each span 2 nodes with one rank per node; the cross product's
 # tp1·pp1·dp1 runs on one node in the same sweep: the single-process reference.
 # gpus_per_node 2: tp2×dp2 spans 2 nodes, 2 ranks per node.
@@ -149,7 +154,7 @@ def test_multinode_sweep_matches_single_process(slurm_multinode, tmp_path):
     runs = []
     for name, par in (("one", ONE_PER_NODE), ("two", TWO_PER_NODE)):
         wf = workflow_copy(tmp_path / name)
-        over = {**TINY, "parallel": par}
+        over = {**TINY, "parallel": par, "measurement": EMULATED}
         if name == "one":  # the reference needs the global batch of dp2 too
             over["workload"] = {**TINY["workload"], "batch_sizes": [2, 4]}
         runs.append((wf, start(wf, SLURM, write_config(wf, "mn.yaml", over))))
@@ -191,13 +196,30 @@ def test_multinode_sweep_matches_single_process(slurm_multinode, tmp_path):
         # sacct's gres/gpu (asserted above), never the concatenation of the per-node lists.
         seen = rows_job.groupby("host")["allocated_gpus"].first().str.split(",").map(len)
         assert (seen == per_node).all(), seen
+        # Each node's GPUs are its own: tp*pp*dp distinct UUIDs, none shared between hosts,
+        # each the emulated GPU its rank's CUDA_VISIBLE_DEVICES entry names on its host.
+        by_host_uuids = rows_job.groupby("host")["gpu_uuid"].apply(set)
+        assert sum(map(len, by_host_uuids)) == rows_job["gpu_uuid"].nunique() == tp * pp * dp
+        for r in rows_job.itertuples():
+            index = int(r.allocated_gpus.split(",")[r.local_rank])
+            assert r.gpu_uuid == identity(r.host, index).uuid, (layout, r.host, r.local_rank)
+
+    # GPU joules on both nodes: every window's energy is the ground truth's (each node's owners
+    # wrote their own truth), labelled emulated.
+    assert e["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
+    for wf, _ in runs:
+        truth = against_truth(wf)
+        assert truth["gpu_energy_mj"].gt(0).all()
+        assert_matches_truth(truth)
+    assert set(against_truth(Path(multi["wf"].iloc[0]))["host"]) == {"esnode1", "esnode2"}
 
     # Same numbers as one process: the same tokens for the same prompts in the same batches
     # (inference), the same loss for the same global batch (training). Single-node layouts are
     # held to the same single process by test_pytorch_parallel / test_training_parallel.
     ref = e[e["layout"] == (1, 1, 1)]
     ref_wf = Path(ref["wf"].iloc[0])
-    assert acct_single_node(ref) and ref["host"].nunique() == 1
+    # each reference job (inference, training) ran on one node, whichever Slurm picked
+    assert acct_single_node(ref) and (ref.groupby("slurm_job_id")["host"].nunique() == 1).all()
     ref_tokens = generations(ref_wf, 1, 1, 1).loc[2]  # batch size 2: batches [0,1], [2,3]
     ref_loss = ref[ref["scenario"] == "training"].groupby("batch_size")["loss"].first()
     for (layout, scenario), ids in jobs.items():

@@ -13,6 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from emulated_truth import against_truth, assert_matches_truth
+
+from energysweep.hw.emulated.node import identity
 
 from conftest import SMALL, test_env, workflow_copy
 
@@ -128,8 +131,15 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
         assert job["gpus"] == tp * pp * dp, job
         assert "rule_measure" in job["comment"]
 
-    # The job saw the GPUs Slurm gave it, ran on CPU, and recorded both.
+    # The job saw the GPUs Slurm gave it, ran on CPU, and recorded both. Every row joins with
+    # sacct: job id, step, partition, account and node.
     assert e["slurm_partition"].eq(slurm_cluster.default_partition).all()
+    assert e["slurm_account"].eq(slurm_cluster.account).all()
+    assert e["slurm_node"].eq(slurm_cluster.node).all()
+    assert e["slurm_step_id"].notna().all() and e["slurm_job_id"].notna().all()
+    # No node energy: this cluster gathers none (AcctGatherEnergyType none), so null, never 0.
+    assert e["node_energy_mj"].isna().all()
+    assert e.loc[e["rank"] == 0, "node_energy_detail"].str.contains("gathers no node energy").all()
     assert e["device"].eq("cpu").all()
     gpus_seen = e.groupby(["tp", "pp", "dp"])["allocated_gpus"].first().str.split(",").map(len)
     assert all(n == tp * pp * dp for (tp, pp, dp), n in gpus_seen.items())
@@ -146,10 +156,16 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
 
 @pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 120)
 def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
-    """Three 2-GPU layouts on a 4-GPU node: two run together, the third waits for GPUs."""
+    """Three 2-GPU layouts on a 4-GPU node: two run together, the third waits for GPUs.
+
+    On the emulated GPU node (4 GPUs, as the node's GRES): each job's ranks own the GPUs Slurm
+    gave it (CUDA_VISIBLE_DEVICES from GRES), so the two concurrent jobs measured disjoint GPUs,
+    and every window's energy is its ground truth's."""
     wf = workflow_copy(tmp_path)
     models = [{"name": f"tiny-{i}", "path": "builtin:tiny", "spec": {"seed": i}} for i in range(3)]
-    cfg = write_config(wf, {**SMALL, **INFERENCE, "models": models, "parallel": {"dp": [2]}})
+    emulated = {"device": "emulated", "emulated": {"node_gpus": 4}}
+    over = {**SMALL, **INFERENCE, "models": models, "parallel": {"dp": [2]}}
+    cfg = write_config(wf, {**over, "measurement": emulated})
     proc = snakemake(wf, cfg)
     assert proc.returncode == 0, proc.stderr[-5000:]
     e = pd.read_parquet(wf / "results" / "energy.parquet")
@@ -164,6 +180,16 @@ def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
     by_job = {i: gpus[m] for m, i in ids.items()}
     a, b = (set(by_job[j].split(",")) for j in (first["job_id"], second["job_id"]))
     assert not a & b
+    # Each rank measured the emulated GPU its CUDA_VISIBLE_DEVICES entry names: disjoint too.
+    uuids = e.groupby("slurm_job_id")["gpu_uuid"].apply(set)
+    assert len(uuids[first["job_id"]]) == 2 and not uuids[first["job_id"]] & uuids[second["job_id"]]
+    for r in e.itertuples():
+        index = int(r.allocated_gpus.split(",")[r.local_rank])
+        assert r.gpu_uuid == identity(r.host, index).uuid and r.gpu_index == index
+    assert e["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
+    rows = against_truth(wf)
+    assert len(rows) == len(e)
+    assert_matches_truth(rows)
 
 
 @pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 300)

@@ -49,6 +49,8 @@ CONFIG = {
         "warmup_iterations": 1,
     },
     "measurement": {
+        # The ranks own emulated GPUs (docs/emulated-node.md): vLLM's energy is held to truth.
+        "device": "emulated",
         "min_window_s": 0,
         "idle_baseline_s": 0,
         "cooldown_s": 0,
@@ -175,8 +177,9 @@ def kill_measure_step_once_segments_exist(wf: Path, config: dict, job: tuple) ->
     return spec_job_id(wf, job), made()
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def offline_run(tmp_path_factory):
+    """The offline vLLM sweep of this module: :data:`JOBS` through real Snakemake, after a job
+    whose measure step was SIGKILLed: (workflow dir, (the killed job's id, its segments))."""
     wf = workflow_copy(tmp_path_factory.mktemp("vllm-real"))
     config = {**CONFIG, "environments": {"vllm": vllm_python()}}
     killed = kill_measure_step_once_segments_exist(wf, config, ("vllm", 2, 1, 1))
@@ -216,6 +219,13 @@ def test_a_sigkilled_vllm_job_leaves_nothing_once_the_next_job_started(sweep):
         assert segments_of(job_id) == []
         assert not (Path(tempfile.gettempdir()) / f"energysweep-job-{job_id[:16]}").exists()
     assert stale_engine_segments() == []
+
+
+@pytest.fixture
+def sweep(vllm_offline):
+    """One run per session (conftest.vllm_offline): test_serving_real compares the serving
+    client's greedy tokens with the same run's."""
+    return vllm_offline
 
 
 def tokens(wf: Path, job: tuple) -> dict:
@@ -272,6 +282,24 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
         text = log.with_suffix(".log").read_text()
         # engine.cpu_kvcache_gib reached the engine (VLLM_CPU_KVCACHE_SPACE), per rank.
         assert "GiB for KV cache" in text and "Explicitly set (1.0/" in text
+
+
+@pytest.mark.timeout(900)
+def test_vllm_ranks_measured_their_emulated_gpus(sweep):
+    """Each vLLM rank (engine core in the rank, external_launcher) owned one emulated GPU and
+    measured it through NVML; every window's energy is its ground truth's (tests/integration/
+    test_emulated_pipeline.py says why 50 ms of the window's energy bounds the error)."""
+    from emulated_truth import against_truth, assert_matches_truth
+
+    sweep, _ = sweep
+    rows = against_truth(sweep)
+    vllm = rows[rows["backend"] == "vllm"]
+    assert set(zip(vllm["tp"], vllm["dp"], strict=True)) == {(1, 1), (2, 1), (1, 2)}
+    assert vllm["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
+    assert (vllm.groupby("job_id")["gpu_uuid"].nunique() == vllm.groupby("job_id")["world_size"]
+            .first()).all()  # fmt: skip
+    assert vllm["gpu_energy_mj"].gt(0).all()
+    assert_matches_truth(rows)
 
 
 @pytest.mark.timeout(900)

@@ -22,6 +22,7 @@ from energysweep.aggregate import (
     bootstrap_ci,
     prefill_decode,
 )
+from energysweep.tables.shards import SERVING_NULLABLE
 
 
 def _all_or_nan(values: pd.Series) -> float:
@@ -121,8 +122,58 @@ def _window(group: pd.DataFrame) -> pd.Series:
             "config_hash": first["config_hash"],
             "code_version": first["code_version"],
             "device": ",".join(sorted(set(group["device"]))),
+            **_serving_window(first, ok),
         }
     )
+
+
+SUMMED = ("request_errors", "requests_sent", "requests_cancelled", "requests_dropped")
+SERVING_MEDIANS = [
+    "energy_per_total_token_j", "energy_per_request_idle_adjusted_j",
+    "energy_per_total_token_idle_adjusted_j", "goodput_rps", "cpu_time_per_request_s",
+    "host_energy_per_request_j", "arrival_rate_rps", "achieved_rate_rps",
+    "achieved_concurrency", "queue_waiting_mean", "queue_waiting_max", "queue_time_mean_s",
+    "ramp_s", "drain_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s",
+    "itl_p99_s", "e2e_p50_s", "e2e_p99_s",
+]  # fmt: skip
+
+
+def _serving_window(first: pd.Series, ok: bool) -> dict:
+    """A window's serving columns: its first row's; measured figures null where it failed."""
+    out = {"load_mode": first["load_mode"]}
+    for c in SERVING_NULLABLE:
+        out[c] = first[c] if ok or c in SUMMED else np.nan
+    out["serving_status"] = first["serving_status"]
+    return out
+
+
+def _serving_derived(w: pd.DataFrame) -> None:
+    tokens = w["input_tokens"] + w["output_tokens"]
+    serving = w["load_mode"] != "batch"
+    w["energy_per_total_token_j"] = w["gpu_energy_j"] / tokens
+    w["energy_per_request_idle_adjusted_j"] = w["gpu_energy_idle_adjusted_j"] / w["requests"]
+    w["energy_per_total_token_idle_adjusted_j"] = w["gpu_energy_idle_adjusted_j"] / tokens
+    w["goodput_rps"] = w["slo_met_requests"] / w["duration_s"]
+    w["cpu_time_per_request_s"] = (w["cpu_time_s"] / w["requests"]).where(serving)
+    w["host_energy_per_request_j"] = (w["host_energy_j"] / w["requests"]).where(serving)
+
+
+def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
+    statuses = ",".join(sorted(set(g["serving_status"])))
+    row = {
+        "load_mode": g["load_mode"].iloc[0],
+        "offered_load": float(g["offered_load"].iloc[0]),
+        "burstiness": float(g["burstiness"].iloc[0]),
+        **{c: _median(ok[c].astype(float)) for c in SERVING_MEDIANS},
+        "load_sustained_min": ok["load_sustained"].astype(float).min(),
+        **{c: g[c].astype(float).sum(min_count=1) for c in SUMMED},
+        "serving_status": statuses or "not-applicable (no serving load)",
+    }
+    for metric in ("energy_per_request_j", "energy_per_total_token_j",
+                   "energy_per_request_idle_adjusted_j", "energy_per_total_token_idle_adjusted_j",
+                   "energy_per_output_token_idle_adjusted_j", "achieved_rate_rps"):  # fmt: skip
+        row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = bootstrap_ci(ok[metric].astype(float))
+    return row
 
 
 def windows(energy: pd.DataFrame) -> pd.DataFrame:
@@ -151,6 +202,7 @@ def windows(energy: pd.DataFrame) -> pd.DataFrame:
     w["energy_per_train_token_j"] = (w["gpu_energy_j"] / w["input_tokens"]).where(train)
     w["train_tokens_per_s"] = (w["input_tokens"] / w["duration_s"]).where(train)
     w["samples_per_s"] = (w["requests"] / w["duration_s"]).where(train)
+    _serving_derived(w)
     return w
 
 
@@ -285,5 +337,6 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
                 "code_version": ",".join(sorted(set(g["code_version"]))),
             }
         )
+        row.update(_serving_point(g, ok))
         rows.append(row)
     return pd.DataFrame(rows)

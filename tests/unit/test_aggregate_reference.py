@@ -106,12 +106,36 @@ def _window_rows(rng, base: dict, n_ranks: int, scale: float = 1.0) -> list[dict
     return rows
 
 
+def _serving_columns(rng, offered: float) -> dict:
+    """A serving window's columns, nulls included where a real one has them."""
+    queue = rng.random() < 0.8  # a server whose /metrics is parsed
+    return {
+        "load": f"rate={offered:g}", "load_mode": "rate", "offered_load": offered,
+        "burstiness": 1.0, "requests_sent": int(rng.integers(10, 400)),
+        "request_errors": int(rng.choice([0, 0, 0, 2])),
+        "requests_cancelled": int(rng.choice([0, 0, 30])),
+        "requests_dropped": int(rng.choice([0, 0, 0, 500])),
+        "arrival_rate_rps": float(rng.uniform(1, 100)),
+        "achieved_rate_rps": float(rng.uniform(1, 100)),
+        "achieved_concurrency": float(rng.uniform(0, 8)) if queue else None,
+        "load_sustained": float(rng.uniform(0.2, 1.0)),
+        "slo_met_requests": int(rng.integers(0, 50)), "ramp_s": float(rng.uniform(0, 2)),
+        "drain_s": float(rng.uniform(0, 5)),
+        "queue_waiting_mean": float(rng.uniform(0, 9)) if queue else None,
+        "queue_waiting_max": float(rng.integers(0, 20)) if queue else None,
+        "queue_time_mean_s": float(rng.uniform(0, 1)) if queue else None,
+        **{f"{m}_p{q}_s": float(rng.uniform(0.001, 2)) for m in ("ttft", "tpot", "itl", "e2e")
+           for q in (50, 99)},
+        "serving_status": "ok" if queue else "queue-unavailable (not parsed)",
+    }  # fmt: skip
+
+
 def random_energy(seed: int) -> pd.DataFrame:
     """Shard rows of a random sweep, as ``aggregate()`` hands them to ``windows()``."""
     rng = np.random.default_rng(seed)
     rows = []
     for job in range(12):
-        scenario = "training" if job % 5 == 4 else "inference"
+        scenario = "training" if job % 5 == 4 else "serving" if job % 5 == 3 else "inference"
         tp, pp, dp = (int(rng.choice([1, 2, 4])) for _ in range(3))
         point = {
             # Jobs 0 and 1 measure the same layout: one point, two jobs' windows.
@@ -124,7 +148,9 @@ def random_energy(seed: int) -> pd.DataFrame:
             "dp": dp if job > 1 else 2,
         }
         ranks = point["tp"] * point["pp"] * point["dp"]
-        phases = ["train"] if scenario == "training" else ["generate", "prefill"]
+        phases = {"training": ["train"], "serving": ["serve"]}.get(
+            scenario, ["generate", "prefill"]
+        )
         prefill = rng.random() < 0.7
         for bs in rng.choice([1, 2, 4, 8], size=2, replace=False):
             for rep in range(int(rng.integers(1, 7))):
@@ -132,6 +158,8 @@ def random_energy(seed: int) -> pd.DataFrame:
                     if phase == "prefill" and not (prefill and rng.random() < 0.9):
                         continue
                     base = {**point, "batch_size": int(bs), "repetition": rep, "phase": phase}
+                    if scenario == "serving":
+                        base.update(_serving_columns(rng, float(rng.choice([2, 8]))))
                     scale = 0.02 if phase == "prefill" else 1.0
                     rows += [row(**r) for r in _window_rows(rng, base, ranks, scale)]
     order = rng.permutation(len(rows))  # shards arrive in any order
@@ -168,6 +196,9 @@ def test_random_frames_cover_the_cases():
     assert s["energy_per_output_token_j_ci_low"].notna().any()
     assert s["prefill_decode_status"].str.split(",").map(lambda v: "ok" in v).any()
     assert s["decode_energy_per_output_token_j"].notna().any()
+    serving = s[s["load_mode"] == "rate"]
+    assert len(serving) and serving["energy_per_total_token_j"].notna().any()
+    assert serving["queue_waiting_mean"].isna().any() and serving["request_errors"].gt(0).any()
 
 
 def test_bootstrap_ci_groups_equals_bootstrap_ci():

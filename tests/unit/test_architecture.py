@@ -49,7 +49,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "scenarios": frozenset({"dist", "energy", "hw", "job", "measure", "tables", "torchpp", "util"}),
     "aggregate": frozenset({"job", "measure", "tables", "util"}),
     "sweep": frozenset({"job", "tables", "util", "validity"}),
-    "launch": frozenset({"job", "measure", "tables", "util"}),
+    # hw: the launcher prepares an emulated GPU node's state for the job (hw.emulated).
+    "launch": frozenset({"hw", "job", "measure", "tables", "util"}),
     "run": frozenset(
         {
             "aggregate",
@@ -67,7 +68,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "validity",
         }
     ),  # fmt: skip
-    "results": frozenset({"aggregate", "tables", "util", "validity"}),
+    "results": frozenset({"aggregate", "job", "tables", "util", "validity"}),
     "figures": frozenset({"aggregate", "job", "tables", "util"}),
 }
 

@@ -19,9 +19,11 @@ from energysweep.sweep import interpreters
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cfg(backends, envs=None):
+def cfg(backends, envs=None, scenarios=None):
     c = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     c["backends"] = backends
+    if scenarios is not None:
+        c["scenarios"] = scenarios
     if envs is not None:
         c["environments"] = envs
     return es_config.validate_schema(c)
@@ -100,6 +102,30 @@ def test_broken_environment_reports_the_import_error(tmp_path, monkeypatch):
     assert "torchvision::nms does not exist" in errors[0] and "make vllm-env" in errors[0]
 
 
+def test_a_serving_sweep_needs_the_load_generator_in_the_vllm_environment(tmp_path, monkeypatch):
+    py = fake_env(tmp_path, "engine-only", "__version__ = '0.32.0'")
+    monkeypatch.setitem(
+        interpreters.BACKENDS, "vllm", replace(interpreters.BACKENDS["vllm"], module="fakeengine")
+    )
+    c = cfg(["vllm"], {"vllm": py}, ["inference", "serving"])
+    errors, _ = interpreters.check(c, tmp_path, cache_file=None)
+    assert len(errors) == 1 and "vllm.benchmarks.serve" in errors[0], errors
+    assert errors[0].startswith("config key environments.vllm:") and "make vllm-env" in errors[0]
+    # Not a serving sweep: the engine alone is enough; a dry run only warns.
+    assert interpreters.check(cfg(["vllm"], {"vllm": py}, ["inference"]), tmp_path, None) == (
+        [],
+        [],
+    )
+    errors, warnings = interpreters.check(c, tmp_path, dry_run=True, cache_file=None)
+    assert errors == [] and warnings == []  # dry run: no probe, and the interpreter exists
+    site = next(Path(py).parent.parent.glob("lib/python3*/site-packages"))
+    (site / "vllm" / "benchmarks").mkdir(parents=True)
+    for init in ("vllm/__init__.py", "vllm/benchmarks/__init__.py", "vllm/benchmarks/serve.py"):
+        (site / init).write_text("")
+    interpreters._memo.clear()
+    assert interpreters.check(c, tmp_path, cache_file=None) == ([], [])
+
+
 def test_probe_is_bounded_by_a_timeout(tmp_path):
     py = fake_env(tmp_path, "slow", "import time\ntime.sleep(30)")
     result = interpreters.probe(py, "fakeengine", timeout_s=1, cache_file=None)
@@ -120,7 +146,8 @@ def test_working_environment_passes_and_is_probed_once(tmp_path, monkeypatch):
         return real_run(*args, **kw)
 
     monkeypatch.setattr(interpreters.subprocess, "run", counting_run)
-    c = cfg(["pytorch", "vllm"], {"vllm": py})
+    # Not serving: the fake environment has no load generator (test_serving_load_generator_...).
+    c = cfg(["pytorch", "vllm"], {"vllm": py}, ["inference"])
     assert interpreters.check(c, tmp_path, cache_file=cache) == ([], [])
     assert interpreters.check(c, tmp_path, cache_file=cache) == ([], [])
     assert len(calls) == 1  # the second check is a cache hit
@@ -142,7 +169,7 @@ def test_failures_are_not_cached(tmp_path, monkeypatch):
         interpreters.BACKENDS, "vllm", replace(interpreters.BACKENDS["vllm"], module="fakeengine")
     )
     cache = tmp_path / "cache.json"
-    c = cfg(["vllm"], {"vllm": py})
+    c = cfg(["vllm"], {"vllm": py}, ["inference"])
     assert interpreters.check(c, tmp_path, cache_file=cache)[0]  # no module: broken
     site = next(Path(py).parent.parent.glob("lib/python3*/site-packages"))
     (site / "fakeengine.py").write_text("")  # fixed

@@ -34,7 +34,7 @@ def test_parses_the_contract_example():
         ('{"action": "explode"}', "'action' must be one of"),
         ('{"action": "raise", "rank": "1"}', "'rank' must be an integer"),
         ('{"action": "raise", "batch_size": true}', "'batch_size' must be an integer"),
-        ('{"action": "raise", "scenario": "serving"}', "'scenario' must be one of"),
+        ('{"action": "raise", "scenario": "batch"}', "'scenario' must be one of"),
         ('{"action": "raise", "rnak": 1}', "unknown keys"),
     ],
 )
@@ -100,3 +100,12 @@ def test_step_faults_fire_only_in_their_step_never_in_a_point():
         faults.inject_step("merge_shards", environ=env)
     with pytest.raises(FaultSpecError, match="'step'"):
         parse('{"action": "kill", "step": "measure"}')
+
+
+def test_a_fault_can_name_the_layout_of_its_job():
+    fault = faults.parse('{"action": "hang", "scenario": "serving", "layout": [1, 2, 1]}')
+    assert fault.applies(0, 4, "serving", (1, 2, 1))
+    assert not fault.applies(0, 4, "serving", (2, 1, 1))
+    assert not fault.applies(0, 4, "inference", (1, 2, 1))
+    with pytest.raises(faults.FaultSpecError, match="layout"):
+        faults.parse('{"action": "hang", "layout": [1, 2]}')

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from jobspec import job_spec, launched_job, limits, validated_config
 
+from energysweep.job.gpu_request import GpuRequest
 from energysweep.job.layout import ParallelLayout
-from energysweep.job.sections import JobSpecError, Workload
+from energysweep.job.sections import Emulated, JobSpecError, Workload
 from energysweep.job.spec import (
     JOB_KEYS,
     JobDir,
@@ -42,6 +43,10 @@ def test_from_config_carries_the_validated_sections_and_round_trips(backend, sce
     spec = JobSpec.from_config(cfg, JobKey("tiny", backend, scenario, 2, 1, 1))
     assert spec.workload == Workload(**cfg["workload"])
     assert spec.measurement.sampler_hz == cfg["measurement"]["sampler_hz"] == 10  # the schema's
+    # A section inside a section is typed too: measurement.emulated, with the schema's defaults.
+    assert spec.measurement.emulated == Emulated(**cfg["measurement"]["emulated"])
+    emulated = spec.measurement.emulated
+    assert emulated.profile == "h100-sxm" and emulated.faults == []
     assert (spec.training is not None) == (scenario == "training")
     assert (spec.engine is not None) == (backend in ("vllm", "tensorrt-llm"))
     assert spec.batch_sizes == [1, 2, 4]
@@ -93,9 +98,10 @@ def test_a_job_spec_refuses_the_launched_fields():
 def test_config_hash_covers_settings_not_the_run_and_no_location():
     spec = job_spec()
     h = config_hash(spec)
-    a = spec.launched(model_dir="/a/ckpt", outputs=JobDir("x").outputs([1], 1), limits=limits(),
-                      code_version="1", launch_argv=["a"], job_id="j1")  # fmt: skip
-    b = spec.launched(model_dir="/b/ckpt", outputs=JobDir("y").outputs([1], 1),
+    a = spec.launched(model_dir="/a/ckpt", outputs=JobDir("x").outputs([1], 1, emulated=False),
+                      limits=limits(), code_version="1", launch_argv=["a"],
+                      job_id="j1")  # fmt: skip
+    b = spec.launched(model_dir="/b/ckpt", outputs=JobDir("y").outputs([1], 1, emulated=False),
                       limits=limits(job_timeout_s=5), code_version="2", launch_argv=["b"],
                       job_id="j2")  # fmt: skip
     assert a.config_hash == b.config_hash == h  # model_dir, outputs, limits, ids: no settings
@@ -127,10 +133,21 @@ def test_sweep_hash_is_location_free_and_not_a_jobs_hash():
 def test_job_key_is_the_grid_and_path_vocabulary():
     key = JobKey.from_strings({"model": "m", "backend": "vllm", "scenario": "inference",
                                "tp": "2", "pp": "1", "dp": "1"})  # fmt: skip
-    assert JOB_KEYS == ("model", "backend", "scenario", "tp", "pp", "dp")
+    assert JOB_KEYS == ("model", "backend", "scenario", "tp", "pp", "dp", "power_limit_w",
+                        "gpu_clock")  # fmt: skip
     assert key == JobKey("m", "vllm", "inference", 2, 1, 1)
     assert key.params_path() == "model~m/backend~vllm/scenario~inference/tp~2/pp~1/dp~1"
     assert key.placement_on(1).nodes == 2
+    # A sweep without the GPU setting axes has no path part for them; its rows say unset.
+    assert key.columns()["power_limit_w"] == key.columns()["gpu_clock"] == "unset"
+    assert key.gpu_request("nvml") is None
+    # A swept axis is a path part after the layout, and the job's typed request.
+    swept = JobKey.from_strings({**key.wildcards(), "power_limit_w": "300", "gpu_clock": "unset"})
+    assert swept.params_path().endswith("/dp~1/power_limit_w~300/gpu_clock~unset")
+    assert JobKey.from_path(f"results/shards/{swept.params_path()}") == swept
+    assert swept.gpu_request("nvml") == GpuRequest(
+        power_limit_w=300.0, clock=None, power_limit_method="nvml"
+    )
 
 
 def test_job_dir_knows_every_path_of_a_job(tmp_path):
@@ -147,13 +164,17 @@ def test_job_dir_knows_every_path_of_a_job(tmp_path):
         "results/shards/model~m/tp~1/.spec.json",
     )
     assert JobDir.of(d.job_json) == d
-    out = d.outputs([1, 2], 2)
+    out = d.outputs([1, 2], 2, emulated=False)
     assert out.paths() == [*d.shards([1, 2], [0, 1]), d.job_table, d.job_json,
                            d.generations, d.power, d.requests]  # fmt: skip
+    # measurement.device emulated: the node's state directory is published with the job, last.
+    assert d.outputs([1], 1, emulated=True).paths()[-1] == "results/shards/model~m/tp~1/emulated"
     base = tmp_path / "job"
-    staged = JobDir(str(base)).outputs([1], 1).restaged(base / ".staging-x", base)
+    staged = JobDir(str(base)).outputs([1], 1, emulated=True).restaged(base / ".staging-x", base)
     assert staged.job_json == str(base / ".staging-x" / "job.json")
     assert staged.shard(1, 0) == str(base / ".staging-x" / "bs~1" / "rep~0.parquet")
+    assert staged.emulated == str(base / ".staging-x" / "emulated")
+    assert JobDir(str(base)).outputs([1], 1, emulated=False).restaged(base, base).emulated is None
     found = JobDir(str(tmp_path / "found"))
     (tmp_path / "found").mkdir()
     for name in ("power", "job_json"):

@@ -92,7 +92,7 @@ def test_fail_closed_checks_every_rank(fake_nvml):
     m = job_spec(measurement={"require_energy": "auto", "energy_source": "auto"}).measurement
     assert require.rank_problem(m, "cpu", [], 0) is None  # auto on CPU: nothing required
     assert require.rank_problem(m, "cuda:0", [mod.fake_gpus[0].uuid], 0) is None
-    missing = require.rank_problem(m, "cuda:0", ["GPU-not-there"], 0)
+    missing = require.rank_problem(m, "cuda:0", ["GPU-00000000-0000-0000-0000-00000000dead"], 0)
     assert "NVMLError_NotFound" in missing
     reports = [
         {"rank": 0, "host": "n0", "problem": None},

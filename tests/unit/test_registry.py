@@ -27,7 +27,11 @@ def test_every_backend_has_its_module_env_file_and_modes(name):
     assert importlib.util.find_spec(f"energysweep.backends.{info.impl}") is not None
     assert (ROOT / info.conda_env).is_file()
     assert {info.launch, info.launch_multi_node} <= set(LAUNCH_MODES)
-    assert info.dims <= {"tp", "pp", "dp"} and info.scenarios <= {"inference", "training"}
+    assert info.dims <= {"tp", "pp", "dp"} and info.scenarios <= {
+        "inference",
+        "training",
+        "serving",
+    }
 
 
 def test_unknown_backend_names_the_known_ones():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from energysweep.job.sections import SECTIONS, ModelEntry
+from energysweep.job.sections import SECTIONS, Emulated, ModelEntry
 from energysweep.validity.verdict import Thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +61,17 @@ def test_section_dataclass_fields_are_the_schema_section_properties(name):
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     ]
     assert with_default == [], f"{cls.__name__} restates schema defaults: {with_default}"
+
+
+def test_emulated_section_fields_are_the_schema_properties():
+    """measurement.emulated, a section inside a section: the same rule, one level down."""
+    props = SCHEMA["properties"]["measurement"]["properties"]["emulated"]["properties"]
+    fields = dataclasses.fields(Emulated)
+    assert [f.name for f in fields] == list(props)
+    assert all(
+        f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        for f in fields
+    )
 
 
 def test_model_entry_fields_are_the_schema_model_properties():

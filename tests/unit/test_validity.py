@@ -53,11 +53,11 @@ def run_job(mod, gpus, reps=3, requests=4, job_id="j1", pp_ranks=None):
     idle["idle_end_ns"] = wall_ns()
     rows = []
     for rep in range(reps):
+        src.begin()  # the window rule's order: edges after the counter's refresh waits
         start = wall_ns()
-        src.begin()
         time.sleep(WINDOW_S)
-        readings = src.end()
         end = wall_ns()
+        readings = src.end()
         for i, r in enumerate(readings):
             pp_rank = (pp_ranks or [0] * len(gpus))[i]
             rows.append(
@@ -96,7 +96,7 @@ def run_job(mod, gpus, reps=3, requests=4, job_id="j1", pp_ranks=None):
 def verdict(rows, power, cfg=FAST, idle=None):
     """The verdict with ``cfg`` over the schema's defaults (validated as the workflow does)."""
     summary = aggregate.summarize(aggregate.windows(rows))
-    table = recheck.recheck(rows, power, idle)
+    table = recheck.recheck(rows, power, idle, 0.0)
     thresholds = validity.Thresholds.from_config(validated_config(validity=cfg)["validity"])
     return validity.annotate(summary, rows, table, thresholds), table
 
@@ -181,7 +181,7 @@ def test_missing_uuid_is_no_gpu_energy_and_unchecked(fake_nvml):
     from energysweep import energy
 
     mod = fake_nvml(fake_pynvml.h100s(1))
-    src = energy.make_source("auto", "cuda:0", ["GPU-deadbeef-not-in-nvml"])
+    src = energy.make_source("auto", "cuda:0", ["GPU-deadbeef-0000-0000-0000-000000000000"])
     (r,) = (src.begin(), src.end())[1]
     assert r.energy_mj is None and "NVMLError_NotFound" in r.detail
     rows = shards.to_table(

@@ -126,7 +126,7 @@ def gpu_rank(fake_nvml, monkeypatch, tmp_path):
     LlamaConfig(**TINY).save_pretrained(tmp_path)  # the checkpoint's config.json, no weights
     mod = fake_nvml(fake_pynvml.h100s(2))
     gpu = mod.fake_gpus[1]
-    monkeypatch.setattr(hw_nvml, "gpu_uuids", lambda device: [gpu.uuid])
+    monkeypatch.setattr(hw_nvml, "gpu_uuids", lambda device, local_rank=0: [gpu.uuid])
     monkeypatch.setattr(es_nvml, "COUNTER_UPDATE_PERIOD_NS", 0)  # real wall time is ~0 here
     clock = Clock(gpu)
 

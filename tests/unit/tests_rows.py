@@ -1,9 +1,12 @@
 """A complete shard row for tests (every column, realistic values)."""
 
+from energysweep.measure.rows import not_serving
+from energysweep.tables.shards import BATCH_LOAD, SCHEMA_VERSION
+
 
 def row(**over) -> dict:
     base = {
-        "schema_version": 3,
+        "schema_version": SCHEMA_VERSION,
         "job_id": "j1",
         "config_hash": "h",
         "code_version": "0.1.0+gabc",
@@ -69,6 +72,33 @@ def row(**over) -> dict:
         "model_parameters_method": "unavailable",
         "flops_estimate": None,
         "loss": None,
+        # schema v4 (serving): a fixed-batch row
+        "load": BATCH_LOAD,
+        **not_serving("inference"),
+        # schema v4 (GPU settings, node energy, Slurm step/account/node)
+        "power_limit_w": "unset",
+        "gpu_clock": "unset",
+        "gpu_power_limit_target_w": None,
+        "gpu_sm_clock_target_mhz": None,
+        "gpu_mem_clock_target_mhz": None,
+        "gpu_power_limit_w": 700.0,
+        "gpu_power_limit_end_w": 700.0,
+        "gpu_default_power_limit_w": 700.0,
+        "gpu_app_sm_clock_mhz": 1980,
+        "gpu_app_mem_clock_mhz": 2619,
+        "gpu_default_sm_clock_mhz": 1980,
+        "gpu_sm_clock_mhz": 1980,
+        "gpu_mem_clock_mhz": 2619,
+        "gpu_power_limit_status": "unset",
+        "gpu_clock_status": "unset",
+        "gpu_setting_detail": None,
+        "node_energy_mj": None,
+        "node_energy_status": "unavailable",
+        "node_energy_method": "none",
+        "node_energy_detail": "not a Slurm job step",
+        "slurm_step_id": None,
+        "slurm_account": None,
+        "slurm_node": None,
     }
     base.update(over)
     return base

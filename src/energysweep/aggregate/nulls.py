@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import pandas as pd
 
-from energysweep.tables.status import EnergyStatus, Status
+from energysweep.aggregate.serving import NULL_STATUS as SERVING_NULL_STATUS
+from energysweep.tables.status import EnergyStatus, SettingStatus, Status
 
 # Summary column -> the status columns that explain a null in it (any non-ok value explains).
 _ENERGY = ("gpu_energy_status", "status")
 # Training generates no output tokens (output_token_status says so); inference trains on none
 # (training_status says so).
-_OUTPUT_TOKEN_COLUMNS = (
+# The per-output-token headline figures with their CIs (the report's summary table leads with them).
+TOKEN_HEADLINE = (
     "energy_per_output_token_j",
     "energy_per_output_token_j_ci_low",
     "energy_per_output_token_j_ci_high",
     "output_tokens_per_s",
     "output_tokens_per_s_ci_low",
     "output_tokens_per_s_ci_high",
+)
+_OUTPUT_TOKEN_COLUMNS = (
+    *TOKEN_HEADLINE,
     "output_tokens_per_window",
     "energy_per_output_token_idle_adjusted_j",
     "host_energy_per_output_token_j",
@@ -115,8 +120,17 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
 for _c in _OUTPUT_TOKEN_COLUMNS:
     NULL_STATUS[_c] = ("output_token_status", *NULL_STATUS[_c])
 NULL_STATUS.update(TRAINING_NULL_STATUS)
+NULL_STATUS.update(SERVING_NULL_STATUS)
 # A status that explains nothing (the value is there): a point, energy or FLOPs count that is ok.
-OK_STATUSES = {Status.OK, EnergyStatus.MEASURED, "counted", "config"}
+# A setting read back as asked is "applied"; a facility rung with its estimate is "estimated".
+OK_STATUSES = {
+    Status.OK,
+    EnergyStatus.MEASURED,
+    SettingStatus.APPLIED,
+    "counted",
+    "config",
+    "estimated",
+}
 # Free-text columns: null means "nothing to report", not "not measured".
 INFO_COLUMNS = {"error", "gpu_energy_detail", "host_energy_detail"}
 

@@ -15,6 +15,7 @@ import pandas as pd
 
 from energysweep.aggregate.bootstrap import bootstrap_ci_groups
 from energysweep.aggregate.groups import Groups, null_if_empty, values_of
+from energysweep.aggregate.serving import point_columns
 from energysweep.aggregate.windows import MEASURED
 from energysweep.tables.phases import HEADLINE_PHASES, Phase
 from energysweep.tables.shards import POINT_KEYS
@@ -161,6 +162,7 @@ def summarize(win: pd.DataFrame) -> pd.DataFrame:
         **_idle_columns(head, gid, good, med),
         **_prefill_decode_columns(split, ok, ok_gid, n, n_ok, training),
         **_host_and_window_columns(head, gid, rows, good, med),
+        **point_columns(head, gid, rows, ok, ok_gid, n, n_ok),
     }
     summary = pd.DataFrame(columns)
     for k in POINT_KEYS:  # as a frame built from rows of Python values has them

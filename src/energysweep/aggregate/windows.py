@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from energysweep.aggregate.groups import Groups, is_in, null_if_empty, values_of
+from energysweep.aggregate.serving import WINDOW_SERVING_COLUMNS, derived, window_columns
 from energysweep.tables.phases import Phase
 from energysweep.tables.shards import WINDOW_KEYS
 from energysweep.tables.status import ACCEPTED, EnergyStatus, Status
@@ -67,6 +68,7 @@ WINDOW_COLUMNS = [
     "loss",
     "config_hash",
     "code_version",
+    *WINDOW_SERVING_COLUMNS,
 ]
 
 
@@ -237,6 +239,7 @@ def _derived(w: pd.DataFrame) -> pd.DataFrame:
     w["energy_per_train_token_j"] = (w["gpu_energy_j"] / w["input_tokens"]).where(train)
     w["train_tokens_per_s"] = (w["input_tokens"] / w["duration_s"]).where(train)
     w["samples_per_s"] = (w["requests"] / w["duration_s"]).where(train)
+    derived(w)
     return w
 
 
@@ -292,6 +295,7 @@ def windows(energy: pd.DataFrame) -> pd.DataFrame:
         "config_hash": first["config_hash"],
         "code_version": first["code_version"],
         "device": rows.joined(energy["device"], ",").tolist(),
+        **window_columns(first, ok),
     }
     w = pd.concat([out, pd.DataFrame(columns, index=out.index)], axis=1)
     return _derived(w)

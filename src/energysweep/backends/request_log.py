@@ -45,12 +45,9 @@ def tpot_s(first_token_s: float, last_token_s: float, output_tokens: int) -> flo
 
 def write(rows: list[RequestRow], path: str | Path) -> None:
     """Write the rows atomically (temp file + rename) with the fixed schema."""
-    import pyarrow as pa
+    from energysweep.tables import requests
 
-    from energysweep.tables.io import write_atomic
-
-    table = pa.Table.from_pylist([asdict(r) for r in rows], schema=schema())
-    write_atomic(table, path)
+    requests.write([{**asdict(r), "scenario": "inference"} for r in rows], path)
 
 
 def read(path: str | Path):

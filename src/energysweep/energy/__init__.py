@@ -71,7 +71,7 @@ def make_source(kind: str, device: str, gpu_uuids: list[str]) -> EnergySource:
     Args:
         kind: one of :data:`GPU_SOURCES` (config key measurement.energy_source).
         device: the torch device string the rank computes on (``cpu``, ``cuda:0``).
-        gpu_uuids: the GPUs this rank measures, by UUID (``GPU-…``).
+        gpu_uuids: the GPUs this rank measures, by UUID (``GPU-…``); none: no GPU energy.
     """
     from energysweep.hw import nvml as hw_nvml
 
@@ -79,7 +79,7 @@ def make_source(kind: str, device: str, gpu_uuids: list[str]) -> EnergySource:
         raise ValueError(f"measurement.energy_source {kind!r}: expected one of {GPU_SOURCES}")
     if kind == "none":
         return UnavailableSource("energy measurement disabled (measurement.energy_source: none)")
-    if not device.startswith("cuda") or not gpu_uuids:
+    if not gpu_uuids:  # a CPU rank (on the emulated node, CPU ranks own emulated GPUs)
         if kind != "auto":
             raise RuntimeError(
                 f"measurement.energy_source is {kind} but this rank computes on {device!r} "
@@ -103,4 +103,5 @@ def make_source(kind: str, device: str, gpu_uuids: list[str]) -> EnergySource:
     except Exception as exc:  # NVMLError subclasses: missing driver, no permission, ...
         if kind == "nvml":
             raise
-        return UnavailableSource(f"NVML unavailable: {type(exc).__name__}: {exc}", method="nvml")
+        what = "GPU not found by NVML" if "NotFound" in type(exc).__name__ else "NVML unavailable"
+        return UnavailableSource(f"{what}: {type(exc).__name__}: {exc}", method="nvml")

@@ -63,6 +63,11 @@ class EnergySource(ABC, Generic[ReadingT]):
     name = "base"
     available = True
 
+    def prepare(self) -> None:
+        """Before the start edge (the window rule calls it, then a barrier, then
+        :meth:`begin`): wait for whatever the start reading needs (the NVML source: counter
+        refreshes). Default: nothing; :meth:`begin` without it must still work."""
+
     @abstractmethod
     def begin(self) -> None:
         """Read the counters at the window's start edge."""

@@ -9,8 +9,9 @@ from energysweep.tables.status import EnergyStatus
 class CrossCheckSource(EnergySource[list[GpuReading]]):
     """NVML and Zeus around the same window edges; NVML is the primary figure.
 
-    The windows nest (NVML begins first and ends last), so the two differ only by the few
-    microseconds of the inner reads.
+    The windows nest (NVML begins first and ends last). NVML aligns its edges to counter
+    refreshes (energysweep.energy.ticks) and Zeus reads at its edges, so on a load step the two
+    differ by up to a refresh period's energy at each edge (Zeus's misplacement).
     """
 
     name = "cross-check"
@@ -18,6 +19,9 @@ class CrossCheckSource(EnergySource[list[GpuReading]]):
     def __init__(self, primary: EnergySource, zeus: EnergySource):
         self.primary = primary
         self.zeus = zeus
+
+    def prepare(self) -> None:
+        self.primary.prepare()
 
     def begin(self) -> None:
         self.primary.begin()

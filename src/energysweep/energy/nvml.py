@@ -5,10 +5,16 @@ Facts this relies on (see the README's methodology section):
   updates about every 100 ms on datacenter GPUs, so a shorter window is flagged ``short-window``.
 - GPUs are resolved by UUID, never by CUDA index (NVML numbers them in PCI bus order).
 - A counter that goes backwards (driver reload) is an error, not a negative energy.
+- The counter refreshes only every ~100 ms: window edges are aligned to its refreshes
+  (energysweep.energy.ticks), which removes the up to one period of energy an edge read would
+  misplace; the idle GPU's energy between the end edge and the refresh is subtracted.
 """
 
 from __future__ import annotations
 
+import time
+
+import energysweep.energy.ticks as ticks
 from energysweep.energy.base import (
     EnergySource,
     GpuReading,
@@ -46,13 +52,18 @@ def window_reading(
 
 
 class NvmlSource(EnergySource[list[GpuReading]]):
-    """Energy counter deltas, one reading per GPU (by UUID)."""
+    """Energy counter deltas, one reading per GPU (by UUID), edges aligned to refreshes.
+
+    Args:
+        clock, sleep: monotonic seconds and how to wait (a virtual clock in the benchmark).
+    """
 
     name = "nvml"
 
-    def __init__(self, gpu_uuids: list[str]):
+    def __init__(self, gpu_uuids: list[str], clock=time.perf_counter, sleep=time.sleep):
         hw_nvml.init()
         self._open = True
+        self._clock, self._sleep = clock, sleep
         self._gpus = []
         for uuid in gpu_uuids:
             handle = hw_nvml.handle_by_uuid(uuid)
@@ -60,26 +71,85 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         # A GPU without the counter (pre-Volta) fails here, at setup, not in the first window.
         self._read()
         self._start = None
+        self._anchor = None
         self._start_ns = None
+        self.waited_s = 0.0  # time spent waiting for refreshes (the alignment's cost)
 
     def _read(self) -> list[int]:
         return [hw_nvml.energy_mj(g["handle"]) for g in self._gpus]
 
+    def _refreshes(self, count: int):
+        t0 = self._clock()
+        first, seen = ticks.refreshes(
+            self._read, count, self._clock, self._sleep, timeout_s=ticks.TIMEOUT_S
+        )
+        self.waited_s += self._clock() - t0
+        return first, seen
+
+    def prepare(self) -> None:
+        """Before the start edge: wait for two refreshes of each counter (the second gives the
+        GPU's power just before the window)."""
+        _, seen = self._refreshes(2)
+        now = self._read() if any(len(s) < 2 for s in seen) else None
+        self._anchor = []
+        for i, s in enumerate(seen):
+            if len(s) < 2:  # no refreshes (stuck counter): the value now, unaligned
+                self._anchor.append((now[i], None, 0.0))
+                continue
+            (v1, t1), (v2, t2) = s
+            self._anchor.append((v2, t2, (v2 - v1) / (t2 - t1)))
+
     def begin(self) -> None:
+        """The start edge: each counter at its last refresh plus the energy since, at the power
+        before the window (a few ms at most after :meth:`prepare` and the barrier)."""
+        if self._anchor is None:
+            self.prepare()
+        now = self._clock()
+        self._raw_start = [v for v, _, _ in self._anchor]  # counter values: backwards check
+        self._start = [v if t is None else v + mw * (now - t) for v, t, mw in self._anchor]
+        self._unaligned = [i for i, (_, t, _) in enumerate(self._anchor) if t is None]
+        self._anchor = None
         self._start_ns = wall_ns()
-        self._start = self._read()
+
+    def _end_values(self, t_end: float) -> tuple[list[float], list[int]]:
+        """Each GPU's counter at the end edge: at its first refresh after it, less the idle
+        energy from the edge to that refresh (the second refresh gives the idle power); never
+        below the counter read at the edge (which holds less than the window's energy)."""
+        at_edge, seen = self._refreshes(2)
+        now = self._read() if any(len(s) < 2 for s in seen) else None
+        out = []
+        for i, (g, s) in enumerate(zip(self._gpus, seen, strict=True)):
+            if len(s) < 2:  # no refresh (stuck counter): the value now, unaligned
+                self._unaligned.append(i)
+                out.append(float(now[i]))
+                continue
+            (v1, t1), (v2, t2) = s
+            if v2 < v1:
+                raise CounterWentBackwards(
+                    f"NVML energy counter of {g['uuid']} went from {v1} to {v2} mJ after a "
+                    "window (driver reload?); the window is not usable"
+                )
+            idle_mw = (v2 - v1) / (t2 - t1)
+            out.append(max(float(at_edge[i]), v1 - idle_mw * max(0.0, t1 - t_end)))
+        return out, at_edge
 
     def end(self) -> list[GpuReading]:
-        stop = self._read()
-        duration = wall_ns() - self._start_ns
+        t_end, duration = self._clock(), wall_ns() - self._start_ns
+        stop, at_edge = self._end_values(t_end)
         readings = []
-        for g, a, b in zip(self._gpus, self._start, stop, strict=True):
-            if b < a:
+        for i, (g, a, b) in enumerate(zip(self._gpus, self._start, stop, strict=True)):
+            if at_edge[i] < self._raw_start[i]:
                 raise CounterWentBackwards(
-                    f"NVML energy counter of {g['uuid']} went from {a} to {b} mJ inside a window "
-                    "(driver reload?); the window is not usable"
+                    f"NVML energy counter of {g['uuid']} went from {self._raw_start[i]} to "
+                    f"{at_edge[i]} mJ inside a window (driver reload?); the window is not usable"
                 )
-            readings.append(window_reading(g, float(b - a), duration, METHOD, self.name))
+            # The idle corrections at the edges can make a window of ~0 s read -1 mJ: 0 then.
+            r = window_reading(g, max(0.0, float(b - a)), duration, METHOD, self.name)
+            if i in self._unaligned:
+                r.detail = "; ".join(
+                    filter(None, [r.detail, f"counter did not refresh within {ticks.TIMEOUT_S} s"])
+                )
+            readings.append(r)
         return readings
 
     def close(self) -> None:

@@ -19,6 +19,9 @@ class WithUnreadable(EnergySource[list[GpuReading]]):
         self.reason = reason
         self.name = getattr(inner, "name", "nvml")
 
+    def prepare(self) -> None:
+        self.inner.prepare()
+
     def begin(self) -> None:
         self.inner.begin()
 

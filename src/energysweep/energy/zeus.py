@@ -54,6 +54,7 @@ class ZeusSource(EnergySource[list[GpuReading]]):
 
     def __init__(self, gpu_uuids: list[str]):
         _check_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        hw_nvml.zeus_sees_this_nvml()  # the emulated node, where the job runs on one
         try:
             from zeus.device.gpu.common import EmptyGPUs
             from zeus.monitor import ZeusMonitor

@@ -13,8 +13,12 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from energysweep.figures.data import prepare
+from energysweep.figures.gpu_settings import baseline, settings_figure
+from energysweep.figures.headline import headline_html
+from energysweep.figures.ladder import energy_ladder
 from energysweep.figures.pareto import pareto_front
 from energysweep.figures.phases import prefill_decode, stage_balance
+from energysweep.figures.serving import serving_latency, serving_pareto, serving_slo
 from energysweep.figures.style import layout_style
 from energysweep.figures.sweeps import (
     backends_compared,
@@ -35,12 +39,20 @@ FIGURES = {
     "stages": "per-stage (pp rank) share for pp > 1",
     "power_timeline": "power timeline per job with window edges",
     "training": "training: energy per token and throughput vs global batch",
+    "serving_pareto": "serving: energy per request vs achieved throughput, the knee marked",
+    "serving_latency": "serving: latency percentiles vs load",
+    "serving_slo": "serving: energy per request vs latency under the SLO",
+    "gpu_settings": "energy per token at each GPU power limit and clock",
+    "energy_ladder": "energy per token as the boundary widens: GPU, host, node, facility, CO2e",
 }
 
 __all__ = [
     "FIGURES",
     "backends_compared",
+    "baseline",
+    "energy_ladder",
     "energy_per_token",
+    "headline_html",
     "layout_style",
     "layouts_at_equal_gpus",
     "pareto_front",
@@ -48,6 +60,10 @@ __all__ = [
     "prefill_decode",
     "prepare",
     "save",
+    "serving_latency",
+    "serving_pareto",
+    "serving_slo",
+    "settings_figure",
     "stage_balance",
     "training",
 ]

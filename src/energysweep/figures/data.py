@@ -18,6 +18,31 @@ from energysweep.tables.shards import POINT_KEYS
 from energysweep.tables.status import Status
 
 LAYOUT_KEYS = ["tp", "pp", "dp"]
+# The GPU setting of a point (a point key since shard schema v4); absent in older tables.
+SETTING_KEYS = ["power_limit_w", "gpu_clock"]
+
+
+def with_setting_keys(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the setting keys as text (a CSV reads ``300`` back as a number), ``unset``
+    where a table predates them."""
+    return frame.assign(
+        **{k: frame[k].astype(str) if k in frame else "unset" for k in SETTING_KEYS}
+    )
+
+
+def setting_label(frame: pd.DataFrame) -> pd.Series:
+    """Per row the GPU setting as a reader says it: ``node default`` or ``300 W, medium``."""
+    f = with_setting_keys(frame)
+    power = f["power_limit_w"].astype(str)
+    clock = f["gpu_clock"].astype(str)
+    parts = pd.DataFrame(
+        {
+            "p": power.where(power == "unset", power + " W").replace("unset", ""),
+            "c": clock.where(clock != "unset", ""),
+        }
+    )
+    label = parts["p"].str.cat(parts["c"], sep=", ").str.strip(", ")
+    return label.where(label != "", "node default")
 
 
 def is_valid(frame: pd.DataFrame) -> pd.Series:
@@ -62,6 +87,7 @@ def _from_windows(summary: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     head = windows[windows["phase"].isin(HEADLINE_PHASES) & windows["status"].eq(Status.OK)]
     if head.empty:
         return summary
+    head = with_setting_keys(head)
     head = head.assign(_tokens=_window_tokens(head).astype(float))
     head = head[head["_tokens"] > 0]
     per = {
@@ -124,9 +150,10 @@ def prepare(summary: pd.DataFrame, windows: pd.DataFrame | None = None) -> pd.Da
     per-window table (``aggregate.windows`` of energy.parquet) is given, else from the summary's
     medians (ratios of medians, no CI).
     """
-    s = summary.copy()
+    s = with_setting_keys(summary.copy())
     if s.empty:
         return s
+    s["gpu_setting"] = setting_label(s)
     s["world_size"] = s["tp"] * s["pp"] * s["dp"]
     s["global_batch"] = s["batch_size"] * s["dp"]
     s["valid_point"] = is_valid(s)

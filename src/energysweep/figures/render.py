@@ -10,27 +10,32 @@ from energysweep import aggregate
 from energysweep.figures import (
     FIGURES,
     backends_compared,
+    baseline,
+    energy_ladder,
     energy_per_token,
+    headline_html,
     layouts_at_equal_gpus,
     pareto_front,
     power_timeline,
     prefill_decode,
     prepare,
     save,
+    serving_latency,
+    serving_pareto,
+    serving_slo,
+    settings_figure,
     stage_balance,
     timeline,
     training,
 )
+from energysweep.job.gpu_request import SETTING_AXES
 from energysweep.job.spec import JOB_KEYS, JobDir, JobKey
 
+# The energy table's columns the power timeline reads: the job's keys (the GPU setting axes
+# among them), its windows and their edges.
 ENERGY_COLUMNS = [
     "job_id",
-    "model",
-    "backend",
-    "scenario",
-    "tp",
-    "pp",
-    "dp",
+    *JOB_KEYS,
     "batch_size",
     "repetition",
     "phase",
@@ -52,11 +57,14 @@ def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None
     if energy is not None and len(energy):
         shown = timeline.job_order(timeline.job_windows(energy)).head(timeline.MAX_JOBS)
         dirs = {
-            JobKey.from_strings({k: getattr(r, k) for k in JOB_KEYS}).params_path()
+            JobKey.from_strings(
+                {k: getattr(r, k) for k in JOB_KEYS if k not in SETTING_AXES}
+            ).params_path()
             for r in shown.itertuples()
         }
+        # A job directory ends with its layout, or continues with its GPU setting's parts.
         job_records = [
-            j for j in job_records if any(Path(j).parent.as_posix().endswith(d) for d in dirs)
+            j for j in job_records if any(f"{d}/" in f"{Path(j).parent.as_posix()}/" for d in dirs)
         ]
     power_files = [Path(JobDir.of(j).power) for j in job_records]
     frames = [pd.read_parquet(p) for p in power_files if p.is_file()]
@@ -68,25 +76,48 @@ def load_power(job_records: list[str | Path], energy: pd.DataFrame | None = None
     )
 
 
+def load_prepared(
+    summary_csv: str | Path, energy_dir: str | Path
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The prepared summary (energysweep.figures.data.prepare, with the windows' CIs) and the
+    merged rows."""
+    summary = pd.read_csv(summary_csv)
+    energy = pd.read_parquet(energy_dir)
+    windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
+    return prepare(summary, windows), energy
+
+
+def write_headline(summary_csv: str | Path, energy_dir: str | Path, out: str | Path) -> Path:
+    """The report's first screen (energysweep.figures.headline) as an HTML fragment."""
+    s, _ = load_prepared(summary_csv, energy_dir)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(headline_html(s))
+    tmp.replace(out)
+    return out
+
+
 def draw_all(
     summary_csv: str | Path,
     energy_dir: str | Path,
     job_records: list[str | Path],
     outputs: dict[str, str | Path],
     stages_csv: str | Path | None = None,
+    slo: dict | None = None,
 ) -> dict[str, Path]:
     """Draw every figure of :data:`FIGURES` named in ``outputs`` (stem -> PNG path).
 
     ``stages_csv`` is results/stages.csv where the workflow produces it; without it the stage
-    figure is a note saying so.
+    figure is a note saying so. ``slo`` is config ``serving.slo`` (the serving figures' lines).
     """
     unknown = set(outputs) - set(FIGURES)
     if unknown:
         raise ValueError(f"unknown figures {sorted(unknown)}; known: {sorted(FIGURES)}")
-    summary = pd.read_csv(summary_csv)
-    energy = pd.read_parquet(energy_dir)
-    windows = aggregate.windows(energy[aggregate.WINDOW_COLUMNS]) if len(energy) else None
-    s = prepare(summary, windows)
+    every, energy = load_prepared(summary_csv, energy_dir)
+    # The per-layout figures draw one GPU setting (lines never mix settings); gpu_settings.png
+    # compares them all.
+    s, _ = baseline(every)
     stages = pd.read_csv(stages_csv) if stages_csv else None
     timeline_rows = energy[[c for c in ENERGY_COLUMNS if c in energy]]
     makers = {
@@ -100,6 +131,11 @@ def draw_all(
             load_power(job_records, timeline_rows), timeline_rows
         ),
         "training": lambda: training(s),
+        "serving_pareto": lambda: serving_pareto(s),
+        "serving_latency": lambda: serving_latency(s, slo),
+        "serving_slo": lambda: serving_slo(s, slo),
+        "gpu_settings": lambda: settings_figure(every),
+        "energy_ladder": lambda: energy_ladder(every),
     }
     written = {}
     for name, out in outputs.items():

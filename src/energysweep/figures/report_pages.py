@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from energysweep.aggregate.nulls import TOKEN_HEADLINE
 from energysweep.tables.io import write_text_atomic
 from energysweep.tables.shards import POINT_KEYS
 
@@ -23,12 +24,7 @@ LEADING_COLUMNS = [
     "invalid_reasons",
     "status",
     "repetitions_ok",
-    "energy_per_output_token_j",
-    "energy_per_output_token_j_ci_low",
-    "energy_per_output_token_j_ci_high",
-    "output_tokens_per_s",
-    "output_tokens_per_s_ci_low",
-    "output_tokens_per_s_ci_high",
+    *TOKEN_HEADLINE,
     "energy_per_train_token_j",
     "train_tokens_per_s",
     "energy_per_output_token_idle_adjusted_j",
@@ -50,6 +46,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.null{color:#999}tr.invalid td{background:#fde8e8}
 .wrap{overflow:auto;max-height:80vh}.meta{color:#555}
 pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:60vh}
+.emulated{background:#b00020;color:#fff;padding:10px;font-size:15px}
 """
 
 # Sort on header click (numbers numerically, nulls last) and filter rows by a substring.
@@ -117,12 +114,31 @@ def _invalid(row) -> str:
     return "invalid" if v in ("false", "0", "no") else ""
 
 
+EMULATED_BANNER = (
+    '<p class="emulated"><b>EMULATED GPU NODE: not a measurement of hardware.</b> The GPU energy '
+    "here was read from energysweep's emulated GPU node (<code>measurement.device: emulated</code>"
+    "{profile}), whose power follows the ranks' CPU activity: it tests the measurement method "
+    "against a known truth. No point is valid (reason <code>emulated</code>); cite nothing.</p>"
+)
+
+
+def emulated_banner(summary: pd.DataFrame, env: pd.DataFrame | None = None) -> str:
+    """The banner for results measured on the emulated node ("" otherwise)."""
+    reasons = summary.get("invalid_reasons", pd.Series(dtype=object)).astype(str)
+    profiles = []
+    if env is not None and "emulated_gpu_profile" in env:
+        profiles = sorted(env["emulated_gpu_profile"].dropna().unique())
+    if not profiles and not reasons.str.contains("emulated").any():
+        return ""
+    return EMULATED_BANNER.format(profile=f", profile {', '.join(profiles)}" if profiles else "")
+
+
 def summary_page(summary: pd.DataFrame) -> str:
     """The whole summary (one row per grid point) as a sortable, filterable table."""
     lead = [c for c in LEADING_COLUMNS if c in summary]
     frame = summary[lead + [c for c in summary.columns if c not in lead]]
     n_invalid = int((frame.apply(_invalid, axis=1) == "invalid").sum()) if len(frame) else 0
-    body = (
+    body = emulated_banner(summary) + (
         f'<p class="meta">{len(frame)} grid points, {len(frame.columns)} columns'
         + (f", {n_invalid} invalid (red rows)" if "valid" in frame else "")
         + ". Click a header to sort; type to filter rows. — means null: not measured or not "
@@ -143,6 +159,7 @@ def _distinct(env: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 GPU_COLUMNS = (
     "host", "gpu_name", "gpu_uuid", "gpu_pci_bus_id", "driver", "cuda_driver_version",
     "gpu_memory_total_bytes", "gpu_power_limit_mw", "gpu_max_sm_clock_mhz",
+    "emulated_gpu_profile",
 )  # fmt: skip
 JOB_COLUMNS = (
     "job_id", "config_hash", "code_version", "git_commit", "gpu_count", "host_count",
@@ -180,7 +197,8 @@ def environment_page(
         skipped: results/grid/skipped.tsv (grid points not run, with the reason).
         jobs: results/grid/jobs.tsv.
     """
-    parts = ["<h2>Sweep</h2>", table_html(_sweep_facts(env, record))]
+    banner = emulated_banner(pd.DataFrame(), env)
+    parts = [banner, "<h2>Sweep</h2>", table_html(_sweep_facts(env, record))]
     gpus = _distinct(env, list(GPU_COLUMNS))
     parts.append("<h2>GPUs and driver</h2>")
     if "gpu_uuid" in env and env["gpu_uuid"].notna().any():

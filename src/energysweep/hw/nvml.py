@@ -12,16 +12,29 @@ Facts this relies on (README, Methodology):
 Tests replace the module attribute ``pynvml`` with a fake built from the real module
 (tests/fake_pynvml.py, installed by the ``fake_nvml`` fixture); every function here looks it up
 at call time, so the fake reaches every caller.
+
+``measurement.device: emulated`` (docs/emulated-node.md): where the launcher names an emulated
+node's state directory in the environment (``ENERGYSWEEP_EMULATED_NVML``), ``pynvml`` is that
+node's module (energysweep.hw.emulated), built from the real one; everything above reads it
+through these same functions, and :func:`label` marks what it measured.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pynvml
 
-# The base class of every NVML error (the fake raises the real classes).
-NVMLError = pynvml.NVMLError
+from energysweep.hw import emulated as _emulated
+
+# The real module: its constants, structures and errors build the emulated one.
+_REAL = pynvml
+if os.environ.get(_emulated.ENV):
+    pynvml = _emulated.module_from_env(_REAL)
+
+# The base class of every NVML error (the fake and the emulator raise the real classes).
+NVMLError = _REAL.NVMLError
 
 
 # ---------------------------------------------------------------------------- session
@@ -43,6 +56,75 @@ def session():
         yield
     finally:
         pynvml.nvmlShutdown()
+
+
+# ---------------------------------------------------------------------------- emulated node
+def emulated() -> bool:
+    """Whether ``pynvml`` is an emulated node (measurement.device emulated)."""
+    return hasattr(pynvml, "emulated_driver")
+
+
+def label(text: str | None) -> str | None:
+    """``text`` (a method or source name) marked ``emulated:`` on the emulated node: every row
+    measured there says so."""
+    if text is None or not emulated() or text.startswith("emulated:"):
+        return text
+    return f"emulated:{text}"
+
+
+@contextlib.contextmanager
+def for_job(environ: dict):
+    """NVML as a job's ranks see it, for the ``with`` block: the emulated node ``environ`` names
+    (measurement.device emulated: the launcher's own process has no such variable, its ranks
+    do), else this process's NVML."""
+    global pynvml
+    if emulated() or not environ.get(_emulated.ENV):
+        yield
+        return
+    saved, pynvml = pynvml, _emulated.module_from_env(_REAL, environ=environ)
+    try:
+        yield
+    finally:
+        pynvml = saved
+
+
+def emulated_profile() -> str | None:
+    """The emulated node's GPU profile (for the environment record), None on real NVML."""
+    return _emulated.settings.read(os.environ[_emulated.ENV]).profile if emulated() else None
+
+
+def attach(uuids: list[str], pids=None):
+    """This process's activity drives the emulated GPUs ``uuids`` (their owner) until the
+    returned object's ``close()``, which writes their ground truth; None on real NVML.
+
+    Args:
+        pids: the processes whose CPU activity is the load (default: this one).
+    """
+    if not emulated() or not uuids:
+        return None
+    return _emulated.attach(pynvml, uuids, pids)
+
+
+def zeus_sees_this_nvml() -> None:
+    """Point Zeus at the emulated node (no-op on real NVML), as Zeus's own tests patch it:
+    ``zeus.device.gpu.nvidia.pynvml``, its availability check, and its GPU singleton."""
+    if not emulated():
+        return
+    import zeus.device.gpu as zeus_gpu
+    import zeus.device.gpu.nvidia as zeus_nvidia
+
+    module = pynvml
+
+    def available() -> bool:
+        try:
+            module.nvmlInit()
+        except NVMLError:
+            return False
+        return True
+
+    zeus_nvidia.pynvml = module
+    zeus_gpu.nvml_is_available = available
+    zeus_gpu._gpus = None
 
 
 # ---------------------------------------------------------------------------- identity
@@ -95,12 +177,19 @@ def cuda_uuid(device) -> str:
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
-def gpu_uuids(device: str) -> list[str]:
+def gpu_uuids(device: str, local_rank: int = 0) -> list[str]:
     """UUID of the GPU a rank computes on, from torch (never by index: NVML order differs).
+
+    On the emulated node the rank computes on a CPU and owns the emulated CUDA device
+    ``local_rank`` (of the ones ``CUDA_VISIBLE_DEVICES`` shows), named as CUDA would name it:
+    without NVML, so a node whose NVML fails still knows which GPU a rank has.
 
     Args:
         device: the rank's torch device string (``cpu`` gives no GPU, ``cuda:1`` one).
     """
+    if emulated():
+        visible = _emulated.cuda_uuids()
+        return [visible[local_rank % len(visible)]] if visible else []
     if not device.startswith("cuda"):
         return []
     import torch
@@ -109,7 +198,10 @@ def gpu_uuids(device: str) -> list[str]:
 
 
 def torch_uuids() -> list[str] | None:
-    """UUIDs of the CUDA devices torch sees (None where torch has no CUDA)."""
+    """UUIDs of the CUDA devices torch sees (None where torch has no CUDA; on the emulated node,
+    the emulated CUDA devices)."""
+    if emulated():
+        return _emulated.cuda_uuids()
     try:
         import torch
     except ImportError:

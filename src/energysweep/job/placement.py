@@ -11,12 +11,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from energysweep.job.backends import BACKENDS
+from energysweep.job.backends import BACKENDS, SERVING
 from energysweep.job.layout import ParallelLayout, RankCoords
 
 # Host RAM one rank needs beyond its GPU (tokenizer, loader, buffers): sbatch --mem per node is
 # this times the ranks on the node.
 MEM_MB_PER_RANK = 2000
+# A serving job's client and the server's front end (API server, engine core) need host RAM
+# beyond the workers': a vLLM CPU server's front end took ~1.5 GB, the client ~0.5 GB.
+SERVING_EXTRA_MEM_MB = 2000
+
+
+# What one server spanning several nodes would need, per backend (the skip reason says it).
+MULTI_NODE_SERVING = {
+    "vllm": (
+        "a Ray cluster over the job's nodes (--distributed-executor-backend ray), or one headless "
+        "vLLM per node joined by --data-parallel-address/--data-parallel-rpc-port (dp only)"
+    ),
+    "tensorrt-llm": "trtllm-serve under srun --mpi=pmix with trtllm-llmapi-launch on every node",
+    "pytorch": "an engine server (pytorch has none)",
+}
 
 
 @dataclass(frozen=True)
@@ -43,7 +57,8 @@ class NodeRequest:
 
 @dataclass(frozen=True)
 class Placement:
-    """``backend`` running ``layout`` on nodes of ``gpus_per_node`` GPUs (None: one node).
+    """``backend`` running ``layout`` on nodes of ``gpus_per_node`` GPUs (None: one node), for
+    ``scenario`` (a serving job runs in launch mode ``server``).
 
     Each rank owns one GPU, so a layout spans ``ceil(world_size / gpus_per_node)`` nodes.
     """
@@ -51,6 +66,7 @@ class Placement:
     layout: ParallelLayout
     backend: str
     gpus_per_node: int | None = None
+    scenario: str = "inference"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -70,6 +86,8 @@ class Placement:
     @cached_property
     def launch_mode(self) -> str:
         """The launch mode (a LAUNCH_MODES key): the backend's single- or multi-node one."""
+        if self.scenario == SERVING:
+            return "server"
         caps = BACKENDS[self.backend]
         return caps.launch_multi_node if self.multi_node else caps.launch
 
@@ -83,9 +101,10 @@ class Placement:
         """Per-node resources (one CPU, one GPU, ``MEM_MB_PER_RANK`` per rank on the node)."""
         per_node = self.ranks_per_node
         tasks = per_node if (self.launch_mode == "mpi" and self.multi_node) else 1
-        return NodeRequest(
-            self.nodes, per_node, tasks, per_node, per_node, MEM_MB_PER_RANK * per_node
-        )
+        mem = MEM_MB_PER_RANK * per_node
+        if self.launch_mode == "server":
+            mem += SERVING_EXTRA_MEM_MB
+        return NodeRequest(self.nodes, per_node, tasks, per_node, per_node, mem)
 
     @property
     def slurm_tasks(self) -> int | None:
@@ -108,6 +127,8 @@ class Placement:
         """
         if self.launch_mode == "torchrun":
             return self.layout.world_size, self.layout.world_size
+        if self.launch_mode == "server":
+            return 1, self.layout.world_size
         return self.layout.dp, self.layout.world_size
 
     def coords(self, rank: int) -> RankCoords:
@@ -119,6 +140,10 @@ class Placement:
         layout, mode = self.layout, self.launch_mode
         if mode == "torchrun":
             return layout.coords(rank)
+        if mode == "server":
+            if rank != 0:
+                raise ValueError(f"a serving job has one client process (rank 0), not {rank}")
+            return RankCoords(0, 0, 0, 0, True)
         if not 0 <= rank < layout.dp:
             raise ValueError(
                 f"launcher {rank} outside the {layout.dp} replicas of {layout} ({mode})"
@@ -128,6 +153,12 @@ class Placement:
     def unsupported(self) -> list[str]:
         """Why the backend cannot start this layout on nodes of this size (empty list: it can)."""
         layout, mode, nodes = self.layout, self.launch_mode, self.nodes
+        if mode == "server" and nodes > 1:
+            return [
+                f"multi-node serving is not supported: {layout} needs {nodes} nodes of "
+                f"{self.gpus_per_node} GPUs, and one {self.backend} server across nodes needs "
+                + MULTI_NODE_SERVING[self.backend]
+            ]
         if mode == "torchrun":
             if layout.world_size % nodes:
                 return [f"{layout.world_size} ranks do not fill {nodes} nodes evenly"]

@@ -1,7 +1,8 @@
 """One job, typed on both sides of the launch: :class:`JobSpec`, :class:`LaunchedJob`, JobDir.
 
 :class:`JobSpec` is what determines a job's numbers: its :class:`JobKey` (model, backend,
-scenario, tp, pp, dp) and the config sections it carries (:mod:`energysweep.job.sections`). It
+scenario, tp, pp, dp, and the GPU setting axes power_limit_w and gpu_clock where the sweep has
+them) and the config sections it carries (:mod:`energysweep.job.sections`). It
 is built once from the validated config (:meth:`JobSpec.from_config`, rules/common.smk
 ``get_job_spec``), travels to the measure step as JSON, and is completed there by the launcher
 (:meth:`JobSpec.launched`) with what only the run knows: the checkpoint directory, the output
@@ -16,7 +17,8 @@ attribute::
     job.outputs.power               # a path from JobDir, never spelled elsewhere
     job.placement.launch_mode       # computed once, on the job
 
-:class:`JobDir` knows every file name of one job's directory (``results/shards/<params>``).
+:class:`JobDir` (:mod:`energysweep.job.files`) knows every file name of one job's directory
+(``results/shards/<params>``).
 
 Two hashes, one name each: ``config_hash`` is one job's: :func:`config_hash`
 of its :class:`JobSpec` (the ``config_hash`` column of shards, job.json and the summary); rows of
@@ -37,14 +39,19 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePath
 
-from energysweep.job.backends import BACKENDS
+from energysweep.job.backends import BACKENDS, SERVING
+from energysweep.job.files import JobDir as JobDir  # re-exported: a job's files
+from energysweep.job.files import Outputs
+from energysweep.job.gpu_request import SETTING_AXES, UNSET, GpuRequest
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.placement import Placement
 from energysweep.job.sections import (
     Engine,
+    Gpu,
     Limits,
     Measurement,
     ModelEntry,
+    Serving,
     Training,
     Workload,
     as_dict,
@@ -54,7 +61,14 @@ from energysweep.job.sections import (
 
 @dataclass(frozen=True)
 class JobKey:
-    """Which job of the grid this is: the key of its directory, its rows and its record."""
+    """Which job of the grid this is: the key of its directory, its rows and its record.
+
+    ``power_limit_w`` and ``gpu_clock`` are the GPU setting axes (config gpu.power_limit_w,
+    gpu.clock) as text (:func:`energysweep.job.gpu_request.axis_text`: ``300``, ``medium``, or
+    ``unset`` for a swept null). None where the sweep has no such axis: the key then has no path
+    part for it, so a sweep without the axes keeps its paths; its rows still say ``unset``
+    (:meth:`columns`).
+    """
 
     model: str
     backend: str
@@ -62,11 +76,25 @@ class JobKey:
     tp: int
     pp: int
     dp: int
+    power_limit_w: str | None = None
+    gpu_clock: str | None = None
 
     @classmethod
     def from_strings(cls, values) -> JobKey:
-        """From Snakemake wildcards or another mapping of strings (the degrees become ints)."""
-        return cls(**{k: int(values[k]) if k in LAYOUT_KEYS else str(values[k]) for k in JOB_KEYS})
+        """From Snakemake wildcards or another mapping of strings (the degrees become ints); a
+        setting axis the mapping lacks is not in the sweep (None)."""
+        values = dict(values.items())
+        return cls(
+            **{k: int(values[k]) if k in LAYOUT_KEYS else str(values[k])
+               for k in JOB_KEYS if k not in SETTING_AXES},
+            **{k: None if values.get(k) is None else str(values[k]) for k in SETTING_AXES},
+        )  # fmt: skip
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> JobKey:
+        """The key of a job directory (its ``key~value`` parts: :meth:`params_path`)."""
+        parts = dict(p.split("~", 1) for p in Path(path).parts if "~" in p)
+        return cls.from_strings({k: v for k, v in parts.items() if k in JOB_KEYS})
 
     @property
     def layout(self) -> ParallelLayout:
@@ -77,11 +105,21 @@ class JobKey:
 
         The one place a :class:`Placement` is made: a job reads :attr:`JobSpec.placement`.
         """
-        return Placement(self.layout, self.backend, gpus_per_node)
+        return Placement(self.layout, self.backend, gpus_per_node, self.scenario)
 
     def wildcards(self) -> dict[str, str]:
-        """The key as Snakemake wildcards (its output paths' ``model~m/.../dp~1``)."""
-        return {k: str(v) for k, v in dataclasses.asdict(self).items()}
+        """The key as Snakemake wildcards (its output paths' ``model~m/.../dp~1``, then the
+        setting axes the sweep has)."""
+        return {k: str(v) for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def columns(self) -> dict[str, str | int]:
+        """The key as its rows' columns (every :data:`JOB_KEYS` column; an axis the sweep does
+        not have is ``unset``: the GPU as the node has it)."""
+        return {k: UNSET if v is None else v for k, v in dataclasses.asdict(self).items()}
+
+    def gpu_request(self, power_limit_method: str | None) -> GpuRequest | None:
+        """The key's GPU setting, typed (None: the job changes no GPU setting)."""
+        return GpuRequest.of_key(self.power_limit_w, self.gpu_clock, power_limit_method)
 
     def params_path(self) -> str:
         """``model~m/backend~b/scenario~s/tp~1/pp~1/dp~1``: the job's directory under
@@ -90,7 +128,7 @@ class JobKey:
 
     def label(self) -> str:
         """``model=m backend=b ... dp=1``, for messages."""
-        return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(self).items())
+        return " ".join(f"{k}={v}" for k, v in self.wildcards().items())
 
 
 # The job-key columns, in order: of the grid tables, the shards (tables.shards.POINT_KEYS) and
@@ -111,8 +149,11 @@ def portable_path(path: str) -> str:
 class JobSpec:
     """What determines one job's numbers; field order is the JSON key order.
 
-    ``training`` is None except on training jobs and ``engine`` None except on engine backends'
-    jobs, so those settings do not change the other jobs' :func:`config_hash`.
+    ``training`` is None except on training jobs, ``serving`` None except on serving jobs,
+    ``engine`` None except on engine backends' jobs, and ``power_limit_method`` (config
+    gpu.power_limit_method) None except on jobs that set a power limit, so those settings do not
+    change the other jobs' :func:`config_hash`. A serving job's batch sizes are its batch caps.
+    The job's GPU setting itself is in its key (:attr:`gpu`).
     """
 
     key: JobKey
@@ -124,12 +165,15 @@ class JobSpec:
     measurement: Measurement
     training: Training | None
     engine: Engine | None
+    serving: Serving | None
+    power_limit_method: str | None
 
     @classmethod
     def from_config(cls, config: dict, key: JobKey) -> JobSpec:
         """The spec of grid job ``key`` of a validated (defaults-filled) config."""
         entry = next(m for m in config["models"] if m["name"] == key.model)
         training = key.scenario == "training"
+        sets_power = key.power_limit_w not in (None, UNSET)
         return cls(
             key=key,
             dtype=config["dtype"],
@@ -144,6 +188,10 @@ class JobSpec:
                 if BACKENDS[key.backend].engine
                 else None
             ),
+            serving=(
+                Serving.load(config["serving"], "serving") if key.scenario == SERVING else None
+            ),
+            power_limit_method=Gpu.from_config(config).power_limit_method if sets_power else None,
         )
 
     @cached_property
@@ -156,8 +204,16 @@ class JobSpec:
         return self.key.layout
 
     @property
+    def gpu(self) -> GpuRequest | None:
+        """The job's GPU power limit and clock, typed (None: it changes no GPU setting)."""
+        return self.key.gpu_request(self.power_limit_method)
+
+    @property
     def batch_sizes(self) -> list[int]:
-        """The swept batch sizes, ascending (the order the job runs them)."""
+        """The swept batch sizes, ascending (the order the job runs them): a serving job's batch
+        caps (config serving.batch_caps; null there means workload.batch_sizes)."""
+        if self.serving is not None and self.serving.batch_caps is not None:
+            return sorted(self.serving.batch_caps)
         return sorted(self.workload.batch_sizes)
 
     def to_json(self) -> dict:
@@ -184,8 +240,10 @@ class JobSpec:
         code_version: str,
         launch_argv: list[str],
         job_id: str | None = None,
+        server_python: str | None = None,
     ) -> LaunchedJob:
-        """This spec as the ranks read it: plus what only the run knows (a new job id if None)."""
+        """This spec as the ranks read it: plus what only the run knows (a new job id if None;
+        ``server_python``: a serving job's server interpreter, None on other jobs)."""
         settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobSpec)}
         return LaunchedJob(
             **settings,
@@ -196,42 +254,8 @@ class JobSpec:
             config_hash=config_hash(self),
             code_version=code_version,
             launch_argv=list(launch_argv),
+            server_python=server_python,
         )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outputs:
-    """Every file one job writes (paths from :class:`JobDir`, or their staging copies).
-
-    ``shards`` maps a batch size (as a string: a JSON key) to its repetitions' shard paths.
-    """
-
-    shards: dict[str, list[str]]
-    job_table: str
-    job_json: str
-    generations: str
-    power: str
-    requests: str
-
-    def shard(self, batch_size: int, repetition: int) -> str:
-        return self.shards[str(batch_size)][repetition]
-
-    def paths(self) -> list[str]:
-        """Every path: the shards (batch size outer, repetition inner), then the job's files."""
-        files = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "shards"]
-        return [p for reps in self.shards.values() for p in reps] + files
-
-    def restaged(self, staging: Path, base: Path) -> Outputs:
-        """The same outputs, each moved under ``staging`` (relative to ``base``)."""
-
-        def move(p: str) -> str:
-            return str(staging / Path(p).resolve().relative_to(base))
-
-        return Outputs(
-            shards={bs: [move(p) for p in reps] for bs, reps in self.shards.items()},
-            **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)
-               if f.name != "shards"},
-        )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +265,8 @@ class LaunchedJob(JobSpec):
     Written by the launcher (energysweep.launch.job.run_job) to ``JobDir.spec_file``, loaded by
     each rank with :meth:`load`. ``outputs`` are the staging paths the ranks write to (the
     launcher publishes them under their final names); ``limits`` are passed to the ranks but are
-    no setting (not in :attr:`config_hash`).
+    no setting (not in :attr:`config_hash`), nor is ``server_python`` (a serving job's server
+    interpreter: the backend's environment; None on other jobs).
     """
 
     model_dir: str
@@ -251,6 +276,7 @@ class LaunchedJob(JobSpec):
     config_hash: str
     code_version: str
     launch_argv: list[str]
+    server_python: str | None
 
     @classmethod
     def load(cls, path: str | Path) -> LaunchedJob:
@@ -272,6 +298,8 @@ def config_hash(spec: JobSpec) -> str:
     settings = {f.name: _to_json(getattr(spec, f.name)) for f in dataclasses.fields(JobSpec)}
     settings["model_entry"]["path"] = portable_path(spec.model_entry.path)
     settings["workload"]["prompts"] = portable_path(spec.workload.prompts)
+    if spec.serving is not None:  # which serving jobs exist, not what one measures
+        del settings["serving"]["parallel"]
     blob = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -291,59 +319,7 @@ _SECTION_LOADERS = {
     "measurement": lambda v, where: load_section(Measurement, v, where),
     "training": _optional(Training),
     "engine": _optional(Engine),
+    "serving": lambda v, where: None if v is None else Serving.load(v, where),
     "limits": lambda v, where: load_section(Limits, v, where),
     "outputs": lambda v, where: load_section(Outputs, v, where),
 }
-
-
-def _file(name: str, doc: str) -> property:
-    """A JobDir property: the path of ``name`` in the job's directory."""
-    return property(lambda self: f"{self.root}/{name}", doc=doc)
-
-
-@dataclass(frozen=True)
-class JobDir:
-    """Every path of one job: ``root`` is ``results/shards/<params>`` (may hold wildcards).
-
-    The one place a job's file names are spelled; find a file by its property's name
-    (:meth:`find`), never by its name.
-    """
-
-    root: str
-
-    @classmethod
-    def of(cls, job_json: str | Path) -> JobDir:
-        """The directory of a job's ``job.json``."""
-        return cls(str(Path(job_json).parent))
-
-    @staticmethod
-    def find(shards_dir: str | Path, file: str) -> list[Path]:
-        """Every job's ``file`` (a property's name: ``"power"``, ``"job_json"``) below
-        ``shards_dir``."""
-        name = Path(getattr(JobDir("."), file)).name
-        return sorted(Path(shards_dir).rglob(name))
-
-    def shard(self, bs, rep) -> str:
-        return f"{self.root}/bs~{bs}/rep~{rep}.parquet"
-
-    def shards(self, batch_sizes, reps) -> list[str]:
-        """Every per-window shard, batch size outer, repetition inner (Snakemake's expand)."""
-        return [self.shard(bs, rep) for bs in batch_sizes for rep in reps]
-
-    job_table = _file("shards.parquet", "The job's shards in one file: what the merge reads.")
-    job_json = _file("job.json", "The job record; published last, it marks a complete job.")
-    generations = _file("generations.parquet", "The generated token ids (for accuracy checks).")
-    power = _file("power.parquet", "The power samples of the job's GPUs.")
-    requests = _file("requests.parquet", "The engine backends' per-request timings.")
-    spec_file = _file(".spec.json", "The launched job the ranks read (written by the launcher).")
-
-    def outputs(self, batch_sizes, reps: int) -> Outputs:
-        """The job's :class:`Outputs`: shard paths per batch size, then the job's other files."""
-        return Outputs(
-            shards={str(bs): [self.shard(bs, r) for r in range(reps)] for bs in batch_sizes},
-            job_table=self.job_table,
-            job_json=self.job_json,
-            generations=self.generations,
-            power=self.power,
-            requests=self.requests,
-        )

@@ -101,6 +101,12 @@ def build_argv(
     entry = ["-m", "energysweep.run", "--spec", str(spec_path)]
     layout, backend = placement.layout, placement.backend
     mode = placement.launch_mode
+    if mode == "server":
+        if placement.unsupported():
+            raise ValueError("; ".join(placement.unsupported()))
+        # The serving client: one process; it starts the engine's server (energysweep.launch.
+        # server), which spawns the tp*pp*dp workers.
+        return [python, *entry]
     if mode == "direct":
         if layout.dp == 1:
             # One replica: one process; the engine spawns its tp*pp GPU workers itself.

@@ -21,12 +21,13 @@ import threading
 import uuid
 from pathlib import Path
 
+from energysweep.hw import emulated
 from energysweep.job.placement import Placement
-from energysweep.job.sections import Limits
+from energysweep.job.sections import Limits, as_dict
 from energysweep.job.spec import JobDir, JobSpec, LaunchedJob, Outputs
-from energysweep.launch import cleanup, procs
+from energysweep.launch import cleanup, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
-from energysweep.launch.slurm import job_nodes
+from energysweep.launch.slurm import job_nodes, restore_job_identity
 from energysweep.measure.provenance import code_version
 from energysweep.tables.io import replace, write_text_atomic
 
@@ -81,12 +82,14 @@ def run_job(
     log,
     cpus: int,
     python: str = sys.executable,
+    server_python: str | None = None,
 ) -> LaunchedJob:
     """Launch ``spec``: write it as a :class:`LaunchedJob`, start its processes, and publish its
     outputs only if all of them succeeded.
 
     ``python`` is the interpreter of the backend's environment (energysweep.sweep.interpreters): the
-    ranks, and torchrun itself, run in it.
+    ranks, and torchrun itself, run in it. ``server_python``: a serving job's server interpreter
+    (the engine's environment; the client runs in ``python``), None on other jobs.
 
     The ranks read the launched job from ``job_dir.spec_file`` and write into a hidden staging
     directory in ``job_dir``; the files move to their final names (``job_dir``'s, job.json last)
@@ -111,7 +114,9 @@ def run_job(
     """
     placement = spec.placement
     job_id = uuid.uuid4().hex
-    final = job_dir.outputs(spec.batch_sizes, spec.workload.repetitions)
+    final = job_dir.outputs(
+        spec.batch_sizes, spec.workload.repetitions, emulated=spec.measurement.device == "emulated"
+    )
     base = Path(job_dir.root).resolve()
     staging = base / f".staging-{job_id}"
     slurm_id = os.environ.get("SLURM_JOB_ID")
@@ -127,23 +132,53 @@ def run_job(
         code_version=code_version(),
         launch_argv=argv,
         job_id=job_id,
+        server_python=server_python,
     )
     write_text_atomic(job.dumps(), job_dir.spec_file)
     ranks_here = placement.layout.world_size // placement.nodes
-    env = build_env(
-        spec.key.backend,
-        threads=cpus // max(1, ranks_here),
-        slurm_job_id=slurm_id,
-        engine=spec.engine,
-    )
+    env = _job_env(spec, cpus // max(1, ranks_here), slurm_id)
+    if job.outputs.emulated is not None:
+        env = _emulated_node(job, env, log)
     what = f"job {spec.key.label()} ({job_dir.spec_file})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
-        _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
+        # GPU power limit and clocks: set before the ranks start, put back however they end.
+        with gpu_guard.applied(spec.gpu, staging, ranks_here, env, log):
+            _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
+        if job.outputs.emulated is not None:
+            emulated.strip_state(job.outputs.emulated)
         _publish(job.outputs, final, what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return job
+
+
+def _emulated_node(job: LaunchedJob, env: dict, log) -> dict:
+    """measurement.device emulated: the node's settings in the job's (staged) state directory,
+    named in the ranks' environment (energysweep.hw.emulated; docs/emulated-node.md)."""
+    import time
+
+    state = job.outputs.emulated
+    node = emulated.prepare(state, as_dict(job.measurement.emulated), time.time_ns())
+    print(
+        f"emulated GPU node: {node.profile}, {node.gpus} GPUs per node, state in {state} "
+        "(a test of the measurement, never a figure to cite)",
+        file=log,
+        flush=True,
+    )
+    return emulated.job_env(state, node, env)
+
+
+def _job_env(spec: JobSpec, threads: int, slurm_id: str | None) -> dict:
+    """The ranks' environment (energysweep.launch.argv.build_env), with the Slurm account back
+    where the job step lost it, so every row names it (sacct joins on it)."""
+    env = build_env(
+        spec.key.backend,
+        threads=threads,
+        slurm_job_id=slurm_id,
+        engine=spec.engine,
+    )
+    return restore_job_identity(env)
 
 
 def _run_as_unit(

@@ -1,7 +1,8 @@
 """Ports of a job's sockets: concurrent jobs on one node must never share one.
 
-A multi-node rendezvous and vLLM's ``VLLM_PORT`` are derived from the Slurm job id (distinct jobs
-running together have nearby ids, hence distinct ports), or are a free port outside Slurm.
+A multi-node rendezvous, vLLM's ``VLLM_PORT`` and a serving job's server port are derived from
+the Slurm job id (distinct jobs running together have nearby ids, hence distinct ports), or are a
+free port outside Slurm.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ PORT_SPAN = 15000  # [15000, 30000): below the Linux ephemeral range (32768+)
 VLLM_PORT_BASE = 5000
 VLLM_PORT_BLOCK = 10
 VLLM_PORT_SLOTS = 1000
+# A serving job's OpenAI-compatible server listens in [30000, 32768): apart from both ranges
+# above and below the ephemeral range.
+SERVER_PORT_BASE = 30000
+SERVER_PORT_SPAN = 2768
 
 
 def rendezvous_port(job_id: str | int) -> int:
@@ -23,6 +28,11 @@ def rendezvous_port(job_id: str | int) -> int:
 def vllm_port(job_id: str | int) -> int:
     """``VLLM_PORT`` of a Slurm job: its own block of ports, derived from the job id."""
     return VLLM_PORT_BASE + (int(job_id) % VLLM_PORT_SLOTS) * VLLM_PORT_BLOCK
+
+
+def server_port(job_id: str | int) -> int:
+    """The port of a Slurm job's serving server (127.0.0.1), derived from the job id."""
+    return SERVER_PORT_BASE + int(job_id) % SERVER_PORT_SPAN
 
 
 def free_port() -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 MARK_VAR = "ENERGYSWEEP_JOB_MARK"
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _set_pdeathsig(sig: int) -> None:
@@ -34,6 +35,49 @@ def _set_pdeathsig(sig: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def become_subreaper() -> None:
+    """Make this process a child subreaper: its descendants whose parent dies are reparented to
+    it, not to init, so :func:`descendants` still finds them.
+
+    The job mark cannot find every process: a process that sets its title (vLLM's engine and
+    workers, ``setproctitle``) overwrites the memory ``/proc/PID/environ`` shows, mark included.
+    A process that starts such a server (the serving client) is a subreaper and stops its
+    descendants itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def descendants(root: int) -> list[int]:
+    """Live (not zombie) descendants of ``root``, parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def reap() -> None:
+    """Collect exited children this process adopted as a subreaper (no zombies left behind)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -106,3 +106,34 @@ def job_nodes(env: Mapping[str, str] | None = None, run: Runner = _run) -> list[
                 f"cannot find the nodes of Slurm job {job_id}: " + "; ".join(tried)
             )
     return expand_hostnames(nodelist, run)
+
+
+def job_fields(job_id: str | None, run: Runner = _run) -> dict[str, str]:
+    """``scontrol show job ID`` as field -> value (``Account``, ``TresFreq``, ...); empty when
+    not a Slurm job or Slurm does not answer."""
+    if not job_id:
+        return {}
+    try:
+        proc = run(["scontrol", "show", "job", job_id])
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    return dict(re.findall(r"(?:^|\s)([A-Za-z/]+)=(\S*)", proc.stdout or ""))
+
+
+def job_tres_freq(job_id: str | None, run: Runner = _run) -> str | None:
+    """The frequencies a Slurm job asked for (``TresFreq``, e.g. ``gpu:medium``; sbatch
+    --gpu-freq), or None (none asked, not a Slurm job, no answer)."""
+    return job_fields(job_id, run).get("TresFreq") or None
+
+
+def restore_job_identity(env: dict, run: Runner = _run) -> dict:
+    """``env`` with ``SLURM_JOB_ACCOUNT`` back where the job step lost it (the Slurm jobstep
+    plugin keeps only the job id and cluster of the ``SLURM_*`` variables before its ``srun``,
+    and Slurm does not set the account in a step): every row names its account."""
+    if env.get("SLURM_JOB_ID") and not env.get("SLURM_JOB_ACCOUNT"):
+        account = job_fields(env["SLURM_JOB_ID"], run).get("Account")
+        if account and account != "(null)":
+            env = {**env, "SLURM_JOB_ACCOUNT": account}
+    return env

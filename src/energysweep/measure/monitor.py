@@ -6,9 +6,15 @@ import time
 
 from energysweep import dist
 from energysweep.energy import GpuReading, make_source, wall_ns
+from energysweep.energy.node import NodeSource
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.settings import SettingsProbe
 from energysweep.tables.status import EnergyStatus
+
+# The power timeline goes on this long after the last window: the re-check integrates the power
+# reading validity.power_average_s (at most 1 s) past each window's end.
+SAMPLER_TAIL_S = 1.2
 
 
 def _power_w(energy_mj: float | None, duration_s: float) -> float | None:
@@ -43,11 +49,15 @@ class JobMonitor:
         # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
         self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
         if self.gpu_uuids is None:
-            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device)
+            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
         self.energy = make_source(self.m.energy_source, ctx.device, self.gpu_uuids)
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
         self.host = make_host_source(self.m.host_energy_source, ctx.local_rank)
+        # The job's GPU power limit and clocks, read back around every window.
+        self.settings = SettingsProbe(job.gpu, self.gpu_uuids)
+        # The node's energy where Slurm gathers it (the boundary ladder's node rung).
+        self.node = NodeSource(ctx.rank)
         self.sampler_hz = float(self.m.sampler_hz)
         self.sampler = PowerSampler(self.gpu_uuids, self.sampler_hz, job.job_id, ctx.rank, ctx.host)
         self.idle_window_s: float | None = None
@@ -136,6 +146,8 @@ class JobMonitor:
 
     def finish(self) -> list[dict]:
         """Stop the sampler and take the end snapshot (collective); returns this rank's samples."""
+        if self.sampler.active:  # the re-check integrates the lagging power past the last edge
+            self.sleep(SAMPLER_TAIL_S)
         samples = self.sampler.stop()
         self.env_end = dist.gather(self._rank_snapshot(with_host=False))
         return samples
@@ -143,3 +155,4 @@ class JobMonitor:
     def close(self) -> None:
         self.energy.close()
         self.host.close()
+        self.settings.close()

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from energysweep import __version__
-from energysweep.hw.nvml import gpu_snapshot
+from energysweep.hw.nvml import emulated_profile, gpu_snapshot
 
 PACKAGES = [
     "torch",
@@ -197,6 +197,8 @@ def job_environment(
         "host_count": len({r["host"] for r in rank_starts}),
         "slurm": first.get("slurm", slurm_env()),
         "seeds": seeds,
+        # measurement.device emulated: the GPU profile the node emulated (else null).
+        "emulated_gpu_profile": emulated_profile(),
     }
 
 
@@ -217,6 +219,7 @@ def environment_rows(record: dict) -> list[dict]:
         "slurm_nodelist": slurm.get("SLURM_JOB_NODELIST"),
         "slurm_nnodes": slurm.get("SLURM_NNODES"),
         "seed": (env.get("seeds") or {}).get("seed"),
+        "emulated_gpu_profile": env.get("emulated_gpu_profile"),
     }
     gpus = env.get("gpus") or [{"host": next(iter(hosts), None)}]
     rows = []

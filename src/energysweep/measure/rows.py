@@ -8,6 +8,7 @@ import sys
 
 from energysweep import dist
 from energysweep.energy import GpuReading
+from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.tables import shards
 from energysweep.tables.phases import Phase
@@ -30,24 +31,24 @@ def base_row(
         "job_id": job.job_id,
         "config_hash": job.config_hash,
         "code_version": job.code_version,
-        "model": job.key.model,
-        "backend": job.key.backend,
-        "scenario": job.key.scenario,
-        "tp": ctx.layout.tp,
-        "pp": ctx.layout.pp,
-        "dp": ctx.layout.dp,
+        # model, backend, scenario, tp, pp, dp and the GPU setting axes (unset where not swept).
+        **job.key.columns(),
         "world_size": ctx.layout.world_size,
         "launch_mode": placement.launch_mode,
         "launcher_processes": launchers,
         "gpu_workers": gpu_workers,
         "batch_size": bs,
         "global_batch_size": bs * ctx.layout.dp,
+        "load": shards.BATCH_LOAD,
         "repetition": rep,
         "phase": str(phase),
         "min_window_s": float(job.measurement.min_window_s),
         **{k: v for k, v in ctx.audit().items() if k != "world_size"},
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_step_id": os.environ.get("SLURM_STEP_ID"),
         "slurm_partition": os.environ.get("SLURM_JOB_PARTITION"),
+        "slurm_account": os.environ.get("SLURM_JOB_ACCOUNT"),
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),
         "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
         "allocated_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "idle_window_s": None,
@@ -63,6 +64,20 @@ def base_row(
         "model_parameters_method": EnergyStatus.UNAVAILABLE,
         "flops_estimate": None,
         "loss": None,
+        "node_energy_mj": None,
+        "node_energy_status": EnergyStatus.NOT_MEASURED,
+        "node_energy_method": "none",
+        "node_energy_detail": not_measured,
+        **not_serving(job.key.scenario),
+    }
+
+
+def not_serving(scenario: str) -> dict:
+    """The serving columns of a row that is no serving window (the scenario serving fills them)."""
+    return {
+        "load_mode": shards.BATCH_LOAD,
+        **dict.fromkeys(shards.SERVING_NULLABLE),
+        "serving_status": f"not-applicable ({scenario}: fixed batches, no load generator)",
     }
 
 
@@ -74,9 +89,10 @@ def reading_cols(r: GpuReading) -> dict:
         "gpu_name": r.gpu_name,
         "gpu_energy_mj": r.energy_mj,
         "gpu_energy_status": r.status,
-        "gpu_energy_method": r.method,
+        # On the emulated node both say "emulated:" (hw.nvml.label): every row says so.
+        "gpu_energy_method": hw_nvml.label(r.method),
         "gpu_energy_detail": r.detail or None,
-        "energy_source": r.source,
+        "energy_source": hw_nvml.label(r.source),
         "gpu_energy_mj_zeus": r.energy_mj_zeus,
         "gpu_energy_zeus_status": r.zeus_status,
     }
@@ -155,6 +171,18 @@ def window_rows(
         start=w["start"], end=w["end"], iters=w["iterations"], tin=w["tin"], tout=w["tout"]
     )
     host = w["host"]
+    before, after = w["settings"]
+    node = w["node"]
+    node_cols = (
+        {
+            "node_energy_mj": node.energy_mj,
+            "node_energy_status": node.status,
+            "node_energy_method": node.method,
+            "node_energy_detail": node.detail,
+        }
+        if node is not None
+        else {}
+    )
     host_cols = {
         "host_energy_mj": host.energy_mj,
         "host_dram_energy_mj": host.dram_energy_mj,
@@ -169,7 +197,9 @@ def window_rows(
             **win,
             **reading_cols(r),
             **monitor.job_cols(r),
+            **monitor.settings.columns(r.gpu_uuid, before, after),
             **host_cols,
+            **node_cols,
             "cpu_time_s": w["cpu_s"],
         }
         for r in w["readings"]
@@ -204,8 +234,11 @@ def failed_rows(
             **window_cols(status=status, error=msg),
             **reading_cols(fail),
             **monitor.job_cols(fail),
+            **monitor.settings.point_columns(),
             "host_energy_status": EnergyStatus.UNAVAILABLE,
             "host_energy_detail": "grid point failed; nothing measured",
+            "node_energy_status": EnergyStatus.UNAVAILABLE,
+            "node_energy_detail": "grid point failed; nothing measured",
             "model_parameters": params[0],
             "model_parameters_method": params[1],
             "cpu_time_s": None,

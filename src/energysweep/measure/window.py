@@ -4,7 +4,9 @@ A window starts and ends after a device sync and a barrier across ranks; it repe
 it lasts at least ``measurement.min_window_s`` *and* ran at least the scenario's minimum
 iterations (``workload.iterations``, ``training.steps``). All ranks stop after the same iteration:
 the decision uses the shortest elapsed time over ranks, exchanged at chunk boundaries (usually
-once).
+once). The GPU energy source aligns both edges to its counters' refreshes (energy/ticks.py): before
+the start edge every rank waits for its counters' refreshes (``prepare``, then a barrier), the end
+edge reads after the next refreshes.
 
 How every rank's rows of a window are then combined (tokens, edges, energy) has one home:
 :mod:`energysweep.aggregate.windows`.
@@ -19,7 +21,17 @@ from energysweep.energy import wall_ns
 
 
 def measure_window(
-    step, min_iters: int, synchronize, *, min_window_s: float, clock, energy, host, cpu
+    step,
+    min_iters: int,
+    synchronize,
+    *,
+    min_window_s: float,
+    clock,
+    energy,
+    host,
+    cpu,
+    settings=None,
+    node=None,
 ) -> dict:
     """The window rule (module docstring) around ``step(i)``, called once per iteration.
 
@@ -30,18 +42,30 @@ def measure_window(
         min_window_s: the shortest window (``measurement.min_window_s``).
         clock: monotonic seconds (``time.perf_counter``; a fake clock in tests).
         energy: the rank's GPU energy source; ``host``: its host source; ``cpu``: its CPU timer.
+        settings: the rank's GPU settings probe (energysweep.measure.settings), read right
+            before the start edge and right after the end edge, outside the window's energy.
+        node: the rank's node energy source (energysweep.energy.node), read at the same
+            moments (a Slurm query: too slow to sit inside the window).
 
     Returns:
         The window's edges (ns, ``start``/``end``), its ``iterations`` and its energy
-        (``readings``), ``host`` and CPU-time (``cpu_s``) readings.
+        (``readings``), ``host`` and CPU-time (``cpu_s``) readings, and the GPU settings read
+        at both edges (``settings``).
     """
+    before = settings.read() if settings is not None else None
+    if node is not None:
+        node.begin()
     synchronize()
     dist.barrier()
-    start = wall_ns()
-    t0 = clock()
+    # The GPU source waits for its counters' refreshes (energysweep.energy.ticks); the window
+    # starts when every rank's has.
+    energy.prepare()
+    dist.barrier()
     energy.begin()
     host.begin()
     cpu.begin()
+    start = wall_ns()
+    t0 = clock()
     it, target = 0, min_iters
     while True:
         while it < target:
@@ -56,9 +80,11 @@ def measure_window(
     synchronize()
     dist.barrier()
     end = wall_ns()
-    readings = energy.end()
-    host_reading = host.end()
     cpu_s = cpu.end()
+    host_reading = host.end()
+    readings = energy.end()  # waits for the counters' next refreshes, after the edge
+    after = settings.read() if settings is not None else None
+    node_reading = node.end() if node is not None else None
     return {
         "start": start,
         "end": end,
@@ -66,4 +92,6 @@ def measure_window(
         "readings": readings,
         "host": host_reading,
         "cpu_s": cpu_s,
+        "settings": (before, after),
+        "node": node_reading,
     }

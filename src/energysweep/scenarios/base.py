@@ -16,6 +16,7 @@ from energysweep import dist
 from energysweep.energy import CpuTime
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
+from energysweep.measure.settings import SettingNotApplied
 from energysweep.measure.window import measure_window
 from energysweep.tables.phases import Phase
 from energysweep.tables.status import Status
@@ -37,9 +38,13 @@ class Scenario(ABC):
         name: the scenario's name in the job (``job.scenario``, the fault hook's ``scenario``).
         generations: rows of generations.parquet (inference; empty for training).
         window_ns_total: time spent inside measured windows (job.json ``timing.window_s``).
+        rows_final: True where one process's rows are already the window's (a serving client
+            measures every GPU): rank 0 writes them as they are instead of combining ranks
+            (energysweep.aggregate.windows.combine_ranks).
     """
 
     name: str
+    rows_final = False
 
     def __init__(
         self, job: LaunchedJob, ctx: dist.RankContext, backend, prompts: list[str], monitor
@@ -95,6 +100,8 @@ class Scenario(ABC):
             energy=self.energy,
             host=self.host,
             cpu=self.cpu,
+            settings=self.monitor.settings,
+            node=self.monitor.node,
         )
         self.window_ns_total += w["end"] - w["start"]
         return w
@@ -105,7 +112,9 @@ class Scenario(ABC):
         windows: list[list[dict]] = []
         error = None
         try:
-            faults.inject(self.ctx.rank, bs, self.name)  # test-only; off unless env var set
+            layout = (self.ctx.layout.tp, self.ctx.layout.pp, self.ctx.layout.dp)
+            faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
+            self.check_settings(bs)
             self.prepare(bs)
             for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
@@ -116,6 +125,21 @@ class Scenario(ABC):
         finally:
             self.end_point()
         return self.agree_on_failure(error, bs, windows)
+
+    def check_settings(self, bs: int) -> None:
+        """Fail the point, on every rank alike, where the job's GPU setting is not in effect.
+
+        Collective (only in jobs that set a GPU setting): every rank's problems are gathered,
+        so all ranks fail the point together and none of its windows runs.
+        """
+        if self.job.gpu is None:
+            return
+        problems = [p for rank in dist.gather(self.monitor.settings.problems()) for p in rank]
+        if problems:
+            raise SettingNotApplied(
+                f"GPU setting ({self.job.gpu.label()}) is not in effect, so batch size {bs} was "
+                f"not measured: {'; '.join(sorted(set(problems)))[:1500]}"
+            )
 
     def point_error(self, exc: BaseException, oom: bool) -> tuple[str, str, bool]:
         """What :meth:`agree_on_failure` needs of a point's exception: (status, message, fatal).

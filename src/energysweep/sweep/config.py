@@ -18,6 +18,7 @@ import yaml
 from energysweep.job.layout import ModelDims
 from energysweep.job.sections import SCHEMA_PATH, Engine, Measurement, load_section
 from energysweep.job.spec import portable_path
+from energysweep.sweep import settings
 from energysweep.sweep.grid import Grid, expand_grid
 
 BUILTIN_TINY = "builtin:tiny"
@@ -123,6 +124,8 @@ def check(
     from energysweep.validity.require import check_config
 
     problems += check_config(load_section(Measurement, config["measurement"], "measurement"))
+    # gpu.clock in Slurm's vocabulary; facility estimates with source, year and band.
+    problems += settings.check(config)
     names = [m["name"] for m in config["models"]]
     for name in {n for n in names if names.count(n) > 1}:
         problems.append(
@@ -166,6 +169,9 @@ def check(
                 "use letters, digits and . _ - / + ~ only"
             )
     from energysweep.sweep import interpreters
+    from energysweep.sweep.serving_config import check_serving
+
+    problems += check_serving(config)
 
     errors, warnings = interpreters.check(
         config, workflow_dir if workflow_dir is not None else base_dir, use_conda, dry_run
@@ -178,22 +184,22 @@ def check(
 
 
 def runs_on_cpu(device: str) -> bool:
-    """Whether ranks compute on CPUs: ``measurement.device`` cpu, or auto where this host has no
-    NVIDIA GPU device node (no torch import: this runs when the workflow loads)."""
-    import glob
-
-    if device == "cpu":
+    """Whether ranks compute on CPUs: ``measurement.device`` cpu or emulated (CPU ranks that
+    own emulated GPUs), or auto where this host has no NVIDIA GPU device node (no torch import:
+    this runs when the workflow loads)."""
+    if device in ("cpu", "emulated"):
         return True
     if device == "cuda":
         return False
-    return not glob.glob("/dev/nvidia[0-9]*")
+    return not _nvidia_devices()
 
 
 def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
     """The grid of jobs (and skipped points) a validated config describes."""
     base_dir = Path(base_dir)
     par = config["parallel"]
-    return expand_grid(
+    device = config["measurement"]["device"]
+    grid = expand_grid(
         {m["name"]: model_dims(m, base_dir) for m in config["models"]},
         config["backends"],
         config["scenarios"],
@@ -203,8 +209,18 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         par["max_gpus_per_job"],
         par["gpus_per_node"],
         engine=load_section(Engine, config["engine"], "engine"),
-        on_cpu=runs_on_cpu(config["measurement"]["device"]),
+        on_cpu=runs_on_cpu(device),
+        serving_parallel=config["serving"]["parallel"],
     )
+    # The GPU setting axes (gpu.power_limit_w, gpu.clock): one job per setting.
+    return settings.expand(grid, config, settings.no_gpu_reason(device, _nvidia_devices()))
+
+
+def _nvidia_devices() -> bool:
+    """Whether this host has NVIDIA GPU device nodes (no torch import at workflow load)."""
+    import glob
+
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def check_node_fit(config: dict, grid: Grid) -> None:

@@ -27,9 +27,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from energysweep.job.backends import BACKENDS
+from energysweep.job.backends import BACKENDS, SERVING
 from energysweep.tables.io import write_json_atomic
 
+# A serving job's client runs vLLM's load generator (vllm.benchmarks), whatever the server's
+# engine: it runs in the vLLM environment; the server runs in its backend's.
+LOAD_GENERATOR_BACKEND = "vllm"
+LOAD_GENERATOR_MODULE = "vllm.benchmarks.serve"
 PROBE_TIMEOUT_S = 300  # importing vLLM (torch, transformers, triton) takes 5-30 s on 2 busy cores
 # Probe results that succeeded, per workflow run directory (see _cache_key).
 CACHE_FILE = Path(".snakemake") / "energysweep" / "environments.json"
@@ -58,6 +62,22 @@ def interpreter(
     # Not resolved: a venv's python is a symlink to the base interpreter, and only the path
     # inside the venv makes Python find the venv's site-packages.
     return str(p if p.is_absolute() else Path(workflow_dir).absolute() / p)
+
+
+def job_interpreters(
+    backend: str,
+    scenario: str,
+    environments: dict | None,
+    workflow_dir: str | Path,
+    use_conda: bool = False,
+) -> tuple[str | None, str | None]:
+    """(the job's process interpreter, a serving job's server interpreter; None: the measure
+    job's own). A serving job's process is the load client, in the vLLM environment."""
+    own = interpreter(backend, environments, workflow_dir, use_conda)
+    if scenario != SERVING:
+        return own, None
+    client = interpreter(LOAD_GENERATOR_BACKEND, environments, workflow_dir, use_conda)
+    return client, own or sys.executable
 
 
 def _site_dirs(python: str) -> list[Path]:
@@ -195,4 +215,34 @@ def check(
                 f"config key {key}: backend {b!r} runs its ranks with {python} ({where}), "
                 f"but its environment is broken: {result['detail']}; {hint}"
             )
+    serves = any(SERVING in BACKENDS[b].scenarios for b in config["backends"])
+    # One problem per key: a vLLM environment already reported broken or missing is not
+    # reported again for the load generator it also holds.
+    key = f"config key environments.{LOAD_GENERATOR_BACKEND}:"
+    reported = any(m.startswith(key) for m in errors + warnings)
+    if SERVING in config["scenarios"] and serves and not reported:
+        errors += _check_load_generator(envs, workflow_dir, dry_run, warnings, cache_file)
     return errors, warnings
+
+
+def _check_load_generator(envs, workflow_dir, dry_run, warnings, cache_file) -> list[str]:
+    """A serving sweep's client needs vLLM's load generator in the vLLM environment."""
+    b = LOAD_GENERATOR_BACKEND
+    python = interpreter(b, envs, workflow_dir) or sys.executable
+    problem = None
+    if not Path(python).is_file():
+        problem = f"{python} does not exist"
+    elif not dry_run:
+        result = probe(python, LOAD_GENERATOR_MODULE, cache_file=cache_file)
+        problem = None if result["ok"] else result["detail"]
+    if problem is None:
+        return []
+    msg = (
+        f"config key environments.{b}: scenario serving loads every server with vLLM's load "
+        f"generator ({LOAD_GENERATOR_MODULE}) from the vLLM environment, but {problem}; "
+        f"{BACKENDS[b].install_hint}"
+    )
+    if dry_run:
+        warnings.append(msg)
+        return []
+    return [msg]

@@ -19,7 +19,11 @@ from energysweep.tables.io import write_atomic
 # v2: phase prefill, energy_source, min_window_s, Zeus cross-check, idle baseline, host (RAPL)
 # energy, model_parameters, flops_estimate and loss (training) columns.
 # v3: launcher_processes and gpu_workers (what the process audit expects per launch mode).
-SCHEMA_VERSION = 3
+# v4: scenario serving: the point key `load`, and the serving columns (load, rates, errors,
+# goodput, ramp/drain, queue, latency percentiles) with serving_status; the GPU setting behind
+# every row (gpu.power_limit_w, gpu.clock: asked, read back, status), node energy (Slurm's
+# accounting), Slurm step, account and node name.
+SCHEMA_VERSION = 4
 
 # The shard schema, one column a line: name, pyarrow type, "null" if the column may be null (else
 # "-"), meaning. An indented line continues the meaning above; "#" lines are headings. The README's
@@ -33,23 +37,33 @@ config_hash             string  -    sha256 prefix of the settings that determin
 code_version            string  -    energysweep version + git commit (+dirty)
 model                   string  -    model name from the config
 backend                 string  -    pytorch | vllm | tensorrt-llm
-scenario                string  -    inference | training
+scenario                string  -    inference | training | serving
 tp                      int16   -    tensor-parallel degree
 pp                      int16   -    pipeline-parallel degree
 dp                      int16   -    data-parallel degree
 world_size              int16   -    GPUs of the layout: tp*pp*dp
 launch_mode             string  -    torchrun (one process per GPU) | direct (one process per DP
                                      replica; the engine spawns its GPU workers) | mpi (one replica
-                                     over several nodes, srun starts tp*pp MPI ranks)
+                                     over several nodes, srun starts tp*pp MPI ranks) | server (one
+                                     client; the engine's server spawns its GPU workers)
 launcher_processes      int16   -    processes our code ran in, as the process audit checked them
-                                     (tp*pp*dp for torchrun, dp for direct, 1 for mpi)
+                                     (tp*pp*dp for torchrun, dp for direct, 1 for mpi and server)
 gpu_workers             int16   -    processes computing on a GPU: tp*pp*dp in every mode
+# The GPU setting the job asked for (grid axes gpu.power_limit_w, gpu.clock; part of the point).
+power_limit_w           string  -    the point's gpu.power_limit_w in W as text (300, 312.5), or
+                                     unset (left as the node has it); a job-key column
+gpu_clock               string  -    the point's gpu.clock (Slurm --gpu-freq vocabulary), or unset;
+                                     a job-key column
 # The window: one (batch size, repetition, phase) of the job, and what ran in it.
-batch_size              int32   -    per-replica batch size
+batch_size              int32   -    per-replica batch size (serving: the engine's batch cap,
+                                     max_num_seqs)
 global_batch_size       int32   -    batch_size * dp
+load                    string  -    the point's load: batch (fixed batches: inference, training) |
+                                     rate=R[,burstiness=B] | concurrency=C (serving)
 repetition              int16   -    repetition index of this window
 phase                   string  -    what the window ran: generate (output_tokens new tokens) |
-                                     prefill (1 new token) | train (optimizer steps)
+                                     prefill (1 new token) | train (optimizer steps) | serve (a
+                                     server's steady state under load)
 status                  string  -    ok | oom | error
 error                   string  null error message when status != ok
 window_start_ns         int64   null window start, ns since epoch (after sync + barrier)
@@ -57,9 +71,12 @@ window_end_ns           int64   null window end, ns since epoch (after sync + ba
 iterations              int32   null measured iterations in the window (>= workload.iterations,
                                      window >= min_window_s)
 min_window_s            float64 -    measurement.min_window_s the window was run with
-requests                int64   null prompts completed in the window, all replicas
+requests                int64   null prompts completed in the window, all replicas (serving:
+                                     requests that ended inside it)
 input_tokens            int64   null prompt tokens (excluding padding) in the window, all replicas
-output_tokens           int64   null generated tokens in the window, all replicas
+                                     (serving: of requests whose first token came inside it)
+output_tokens           int64   null generated tokens in the window, all replicas (serving: tokens
+                                     that arrived inside it)
 # The rank that wrote this row and where it ran.
 rank                    int32   -    global rank that produced this row
 local_rank              int32   -    rank within its node
@@ -77,13 +94,32 @@ gpu_pci_bus_id          string  null PCI bus id of that GPU
 gpu_name                string  null product name of that GPU
 gpu_energy_mj           float64 null GPU energy over the window in mJ; null if not measured
 gpu_energy_status       string  -    measured | short-window | unavailable
-gpu_energy_method       string  -    how gpu_energy_mj was obtained
+gpu_energy_method       string  -    how gpu_energy_mj was obtained; prefixed emulated: on the
+                                     emulated GPU node (measurement.device emulated)
 gpu_energy_detail       string  null why energy is unavailable or flagged
 energy_source           string  -    GPU energy source used: nvml | zeus | cross-check | none (auto
-                                     resolved)
+                                     resolved); prefixed emulated: on the emulated GPU node
 gpu_energy_mj_zeus      float64 null cross-check: Zeus's energy for the same GPU and window in mJ
 gpu_energy_zeus_status  string  -    not-requested (source is not cross-check) | measured |
                                      short-window | unavailable
+# This GPU's power limit and clocks: asked, read back right outside the window's edges.
+gpu_power_limit_target_w float64 null power limit this GPU was asked for in W; null when unset
+gpu_sm_clock_target_mhz int32   null applications SM clock gpu.clock resolves to on this GPU (as
+                                     Slurm resolves it); null when unset
+gpu_mem_clock_target_mhz int32  null applications memory clock gpu.clock resolves to
+gpu_power_limit_w       float64 null enforced power limit read back before the window's start, W
+gpu_power_limit_end_w   float64 null enforced power limit read back after the window's end, W
+gpu_default_power_limit_w float64 null this GPU's default power limit, W
+gpu_app_sm_clock_mhz    int32   null applications SM clock read back before the window's start
+gpu_app_mem_clock_mhz   int32   null applications memory clock read back before the window's start
+gpu_default_sm_clock_mhz int32  null this GPU's default applications SM clock
+gpu_sm_clock_mhz        int32   null SM clock the GPU ran at, read right after the window's end
+gpu_mem_clock_mhz       int32   null memory clock read right after the window's end
+gpu_power_limit_status  string  -    unset | applied (read back as asked) | refused (the setter
+                                     failed) | not-applied (read back otherwise) | unverified (no
+                                     GPU or NVML to read it from)
+gpu_clock_status        string  -    the same for gpu.clock
+gpu_setting_detail      string  null how a setting was refused or read back otherwise
 # The idle baseline measured before any window (the *_idle_adjusted_* figures subtract it).
 idle_window_s           float64 null length of the job's idle-baseline window in s (before any
                                      window); null if none
@@ -100,6 +136,14 @@ host_energy_detail      string  null zones read, or why host energy is unavailab
 idle_host_power_w       float64 null this host's idle package power in W (RAPL)
 idle_host_power_status  string  -    measured | not-read | skipped | unavailable
 cpu_time_s              float64 null user+system CPU seconds of this rank's process in the window
+# The node (Slurm's energy accounting: the boundary ladder's node rung).
+node_energy_mj          float64 null node energy over the window, all the job step's nodes (Slurm
+                                     ConsumedEnergy via sstat; global rank 0's rows) in mJ
+node_energy_status      string  -    measured | short-window | not-read (rank 0 reads it) |
+                                     unavailable
+node_energy_method      string  -    slurm-sstat-consumed-energy | none
+node_energy_detail      string  null Slurm's energy plugin and step, or why node energy is
+                                     unavailable
 # The model and the work it did.
 model_parameters        int64   null parameters of one model replica (all its ranks)
 model_parameters_method string  -    counted (checkpoint config built on the meta device) | config
@@ -109,9 +153,46 @@ flops_estimate          float64 null ESTIMATE window FLOPs, all GPUs: 2 * model_
                                      model_parameters * input_tokens for training
 loss                    float64 null training: mean global-batch loss over the window's steps; null
                                      for inference
+# Serving: one load run's window (scenario serving; null elsewhere, serving_status says why).
+load_mode               string  -    batch | rate (open loop) | concurrency (closed loop)
+offered_load            float64 null rate: requests/s offered; concurrency: requests kept in flight
+burstiness              float64 null rate: gamma shape of the inter-arrival times (1 = Poisson)
+requests_sent           int64   null requests sent in the load run (ramp, window and drain)
+request_errors          int64   null requests of the load run that failed (any phase)
+requests_cancelled      int64   null requests still queued when the drain's running ones ended,
+                                     cancelled (they never ran inside the window; no error)
+requests_dropped        int64   null rate: arrivals not sent, the client already having 64 per
+                                     engine slot (and >= 1024) in flight; offered, not taken on
+arrival_rate_rps        float64 null requests sent inside the window / its length
+achieved_rate_rps       float64 null requests completed inside the window / its length
+achieved_concurrency    float64 null mean requests running in the engine over the window (its
+                                     /metrics, sampled at serving.metrics_hz)
+load_sustained          float64 null share of the offered load the server took on: rate: 1 - queue
+                                     growth over the window / requests sent in it (queue: requests
+                                     in flight beyond cap x dp); concurrency: 1 - mean requests
+                                     waiting in its queue (/metrics) / requests kept in flight
+slo_met_requests        int64   null requests completed in the window within serving.slo
+ramp_s                  float64 null first request sent -> window start (outside the window)
+drain_s                 float64 null window end -> last request finished (outside the window)
+queue_waiting_mean      float64 null mean requests waiting in the server's queue over the window
+queue_waiting_max       float64 null most requests waiting in the server's queue in the window
+queue_time_mean_s       float64 null mean server-side queue time of the requests the engine
+                                     scheduled in the window (its /metrics histogram)
+ttft_p50_s              float64 null median time to first token of the window's completed requests
+ttft_p99_s              float64 null 99th percentile time to first token
+tpot_p50_s              float64 null median time per output token after the first
+tpot_p99_s              float64 null 99th percentile time per output token
+itl_p50_s               float64 null median inter-token latency (every gap of those requests)
+itl_p99_s               float64 null 99th percentile inter-token latency
+e2e_p50_s               float64 null median end-to-end request latency
+e2e_p99_s               float64 null 99th percentile end-to-end request latency
+serving_status          string  -    ok | queue-unavailable (...) | not-applicable (...)
 # The scheduler.
 slurm_job_id            string  null SLURM_JOB_ID, null outside Slurm
+slurm_step_id           string  null SLURM_STEP_ID (the step the ranks ran in)
 slurm_partition         string  null SLURM_JOB_PARTITION
+slurm_account           string  null SLURM_JOB_ACCOUNT
+slurm_node              string  null SLURMD_NODENAME: Slurm's name of this rank's node
 slurm_nodelist          string  null SLURM_JOB_NODELIST
 # Per node: on a 2-node job every host sees e.g. "0,1". The job's GPU count is the layout's
 # tp*pp*dp (and sacct's gres/gpu), never these lists concatenated across hosts.
@@ -141,7 +222,18 @@ COLUMNS = _parse_columns(_COLUMNS_TABLE)
 # repetition) and the same rows again in one file, the job table (what aggregation reads).
 
 # A grid point, and one measured window of it (a job runs each point's repetitions and phases).
-POINT_KEYS = [*JOB_KEYS, "batch_size"]
+POINT_KEYS = [*JOB_KEYS, "batch_size", "load"]
+# The load of every point that is not a serving load level: fixed batches.
+BATCH_LOAD = "batch"
+# The serving group's nullable columns (null outside a serving window).
+SERVING_NULLABLE = [
+    "offered_load", "burstiness", "requests_sent", "request_errors", "requests_cancelled",
+    "requests_dropped", "arrival_rate_rps",
+    "achieved_rate_rps", "achieved_concurrency", "load_sustained", "slo_met_requests", "ramp_s",
+    "drain_s",
+    "queue_waiting_mean", "queue_waiting_max", "queue_time_mean_s", "ttft_p50_s", "ttft_p99_s",
+    "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s", "e2e_p99_s",
+]  # fmt: skip
 WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]
 
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null, _ in COLUMNS])

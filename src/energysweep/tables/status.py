@@ -7,7 +7,9 @@ Parquet and CSV alike):
   ``status``);
 - :class:`EnergyStatus`: whether an energy or power figure was measured, and if not why (every
   ``*_energy_status``, ``*_power_status``, ``zeus_status``, ``idle_status`` column, the power
-  timeline's and the request log's ``status``/``metrics_status``).
+  timeline's and the request log's ``status``/``metrics_status``);
+- :class:`SettingStatus`: whether a GPU setting a point asked for is the one it ran at
+  (``gpu_power_limit_status``, ``gpu_clock_status``).
 
 Nothing unmeasured is 0: a null figure always has one of these beside it.
 """
@@ -57,3 +59,22 @@ class EnergyStatus(str, Enum):
 
 # A figure that counts: measured, or measured over a window shorter than the counter's period.
 ACCEPTED = (EnergyStatus.MEASURED, EnergyStatus.SHORT_WINDOW)
+
+
+class SettingStatus(str, Enum):
+    """Whether a GPU power limit or clock a point asked for is what it ran at; members in order
+    from best to worst (a point's rows speak through their worst)."""
+
+    UNSET = "unset"  # nothing asked: the GPU as the node has it
+    APPLIED = "applied"  # read back equal to the target
+    UNVERIFIED = "unverified"  # no GPU (or no NVML) to read it back from
+    NOT_APPLIED = "not-applied"  # nobody refused, yet the read-back differs from the target
+    REFUSED = "refused"  # the setter raised (no permission, invalid value, a site's refusal)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# A setting that was asked for and is not known to be in effect: the point is flagged
+# (cap_not_applied / clock_not_applied) and never measured at the wrong setting.
+NOT_IN_EFFECT = (SettingStatus.UNVERIFIED, SettingStatus.NOT_APPLIED, SettingStatus.REFUSED)

@@ -9,7 +9,9 @@ Keys:
         SIGKILLs itself) or ``hang`` (the rank sleeps forever inside the point).
     rank: global rank that fails; absent: every rank (a failure all ranks see, like an OOM).
     batch_size: the grid point (batch size) at which it fails; absent: every batch size.
-    scenario: ``inference`` or ``training``; absent: both.
+    scenario: ``inference``, ``training`` or ``serving``; absent: all.
+    layout: ``[tp, pp, dp]`` of the job that fails; absent: every job (one sweep can then give
+        each layout its own fault).
     step: instead of a rank's point, fail the Snakemake script step of this rule name (or of
         any rule in a list of names: ``measure``, ``merge_shards``, ...) when it starts
         (:func:`energysweep.util.steplog.step_log`); only ``raise`` applies there.
@@ -31,7 +33,7 @@ from energysweep.util.jsonobj import parse_object
 
 ENV_VAR = "ENERGYSWEEP_TEST_FAULT"
 ACTIONS = ("raise", "kill", "hang")
-SCENARIOS = ("inference", "training")
+SCENARIOS = ("inference", "training", "serving")
 
 
 class FaultSpecError(ValueError):
@@ -47,11 +49,16 @@ class Fault:
     batch_size: int | None = None
     scenario: str | None = None
     step: tuple[str, ...] | None = None
+    layout: tuple[int, int, int] | None = None
 
-    def applies(self, rank: int, batch_size: int, scenario: str) -> bool:
-        """Whether this fault fires on ``rank`` at ``batch_size`` in ``scenario``."""
+    def applies(
+        self, rank: int, batch_size: int, scenario: str, layout: tuple | None = None
+    ) -> bool:
+        """Whether this fault fires on ``rank`` at ``batch_size`` in ``scenario`` (of a job of
+        ``layout``, (tp, pp, dp))."""
         return (
             self.step is None
+            and (self.layout is None or layout is None or tuple(layout) == self.layout)
             and (self.rank is None or self.rank == rank)
             and (self.batch_size is None or self.batch_size == batch_size)
             and (self.scenario is None or self.scenario == scenario)
@@ -76,7 +83,7 @@ def parse(text: str | None) -> Fault | None:
     if text is None or not text.strip():
         return None
     obj = parse_object(text, ENV_VAR, FaultSpecError, "is not JSON", "must be a JSON object")
-    unknown = sorted(set(obj) - {"action", "rank", "batch_size", "scenario", "step"})
+    unknown = sorted(set(obj) - {"action", "rank", "batch_size", "scenario", "step", "layout"})
     if unknown:
         raise FaultSpecError(f"{ENV_VAR}: unknown keys {unknown} in {text!r}")
     action = obj.get("action")
@@ -95,12 +102,18 @@ def parse(text: str | None) -> Fault | None:
                 f"{text!r}"
             )
         step = tuple(step)
+    layout = obj.get("layout")
+    if layout is not None and (
+        not isinstance(layout, list) or len(layout) != 3 or not all(type(x) is int for x in layout)
+    ):
+        raise FaultSpecError(f"{ENV_VAR}: 'layout' must be [tp, pp, dp] integers: {text!r}")
     return Fault(
         action,
         _int_or_none(obj, "rank", text),
         _int_or_none(obj, "batch_size", text),
         scenario,
         step,
+        tuple(layout) if layout is not None else None,
     )
 
 
@@ -109,14 +122,16 @@ def from_env(environ=None) -> Fault | None:
     return parse((os.environ if environ is None else environ).get(ENV_VAR))
 
 
-def inject(rank: int, batch_size: int, scenario: str, environ=None) -> None:
+def inject(
+    rank: int, batch_size: int, scenario: str, environ=None, layout: tuple | None = None
+) -> None:
     """Fail here if the configured fault applies to this rank, batch size and scenario.
 
     Called inside a measurer's point, before its first window. Does nothing when the variable
     is unset (the normal case).
     """
     fault = from_env(environ)
-    if fault is None or not fault.applies(rank, batch_size, scenario):
+    if fault is None or not fault.applies(rank, batch_size, scenario, layout):
         return
     what = f"injected fault ({fault.action}) on rank {rank} at batch size {batch_size} ({scenario})"
     # The wall-clock time lets a test bound how long the job took to fail after the fault.

@@ -42,6 +42,7 @@ from energysweep.validity.require import REQUIRE
 OK, FAIL, WARN, UNAVAILABLE, SKIPPED = "ok", "fail", "warn", "unavailable", "skipped"
 # Seconds each GPU's counter and idle power are polled.
 PROBE_SECONDS = 3.0
+EMULATED_NOTE = "these readings test the method, they measure no hardware"
 
 
 def probe_gpu(
@@ -222,6 +223,7 @@ def run(
         "host": socket.gethostname(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "require_energy": require,
+        "emulated_gpu_profile": hw_nvml.emulated_profile(),  # None unless device emulated
         "checks": {},
         "gpus": [],
     }
@@ -250,11 +252,10 @@ def run(
         "ok": gpu_problem is None,
         "detail": gpu_problem or "every allocated GPU's counter advances",
     }
-    report["host_energy"] = {
-        "ok": checks["rapl"]["status"] == OK,
-        "detail": checks["rapl"]["detail"],
-    }
-    need = require if require != "auto" else ("gpu" if report["has_gpu"] else "none")
+    rapl = checks["rapl"]
+    report["host_energy"] = {"ok": rapl["status"] == OK, "detail": rapl["detail"]}
+    has_gpu = report["has_gpu"] or report["emulated_gpu_profile"] is not None
+    need = require if require != "auto" else ("gpu" if has_gpu else "none")
     report["required"] = need
     report["pass"] = {
         "gpu": report["gpu_energy"]["ok"],
@@ -331,6 +332,8 @@ def verdict(reports: list[dict]) -> str:
             f"== {r['host']} (require_energy {r['require_energy']} -> {r['required']}): "
             f"{'PASS' if r['pass'] else 'FAIL'}"
         )
+        if r.get("emulated_gpu_profile"):  # docs/emulated-node.md
+            lines.append(f"   EMULATED GPU node ({r['emulated_gpu_profile']}): {EMULATED_NOTE}")
         if not r["has_gpu"]:
             lines.append(
                 f"   This node has no GPU that NVML can read: {r['gpu_energy']['detail']}."

@@ -85,17 +85,7 @@ def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
 
 def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (window, GPU UUID): its counter energy (J); GPU-less windows keep one row."""
-    cols = [
-        *WINDOW_KEYS,
-        "status",
-        "window_start_ns",
-        "window_end_ns",
-        "gpu_uuid",
-        "gpu_energy_mj",
-        "gpu_energy_status",
-        "pp_rank",
-    ]
-    r = rows[cols].copy()
+    r = rows[[c for c in ROW_COLUMNS if c != "idle_gpu_power_w"]].copy()
     r["_has_gpu"] = r["gpu_uuid"].notna()
     # A GPU counts once per window (two ranks may report it); GPU-less windows keep one row.
     r = r.sort_values([*WINDOW_KEYS, "gpu_uuid", "pp_rank"], na_position="last", kind="stable")
@@ -112,7 +102,7 @@ def _gpu_windows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def recheck(
-    rows: pd.DataFrame, power: pd.DataFrame, idle: pd.DataFrame | None = None
+    rows: pd.DataFrame, power: pd.DataFrame, idle: pd.DataFrame | None, power_average_s: float
 ) -> pd.DataFrame:
     """The validation table: re-check rows per (window, GPU), per window, and per idle baseline.
 
@@ -120,6 +110,8 @@ def recheck(
         rows: the merged energy table (shard rows) as pandas, or the columns this reads.
         power: power samples (:func:`load_power`).
         idle: per job the idle bounds (:func:`idle_bounds`); None skips the idle rows.
+        power_average_s: the span NVML's power reading averages over (validity.power_average_s,
+            undone as Timeline.windows says); 0: not averaged (the fake's constant power).
 
     Returns:
         :data:`VALIDATION_COLUMNS`; ``scope`` is ``gpu`` (one GPU in one window), ``window``
@@ -165,7 +157,9 @@ def recheck(
         if tl is None or not len(tl.t):
             continue  # stays no-timeline
         pos = rest.index.to_numpy()[idx]
-        for k, v in tl.windows(start[pos].astype(np.int64), end[pos].astype(np.int64)).items():
+        span = int(round(power_average_s * 1e9))
+        windows = tl.windows(start[pos].astype(np.int64), end[pos].astype(np.int64), span)
+        for k, v in windows.items():
             res[k][pos] = v
     for k, v in res.items():
         table[k] = v
@@ -334,9 +328,22 @@ def write(table: pd.DataFrame, path: str | Path) -> None:
     write_atomic(pa.Table.from_pandas(table, preserve_index=False), path)
 
 
-def from_published(energy: str | Path, shards_dir: str | Path) -> pd.DataFrame:
+def published_average_s(energy: str | Path) -> float:
+    """validity.power_average_s of the sweep that published ``energy`` (its config.yaml)."""
+    import yaml
+
+    record = Path(energy).with_name("config.yaml")
+    if not record.is_file():
+        raise SystemExit(f"{record} is missing: give --power-average-s")
+    return float(yaml.safe_load(record.read_text())["config"]["validity"]["power_average_s"])
+
+
+def from_published(
+    energy: str | Path, shards_dir: str | Path, power_average_s: float | None = None
+) -> pd.DataFrame:
     """The validation table from the published dataset (results/energy.parquet) and the jobs'
-    power.parquet and job.json files under ``shards_dir``."""
+    power.parquet and job.json files under ``shards_dir``; the power averaging span is the
+    sweep's (results/config.yaml next to the dataset) unless given."""
     import pyarrow.dataset as ds
 
     rows = (
@@ -347,7 +354,8 @@ def from_published(energy: str | Path, shards_dir: str | Path) -> pd.DataFrame:
     for k in ("model", "backend"):  # hive partition columns come back as dictionaries
         rows[k] = rows[k].astype(str)
     idle = idle_bounds(JobDir.find(shards_dir, "job_json"))
-    return recheck(rows, load_power(JobDir.find(shards_dir, "power")), idle)
+    span = published_average_s(energy) if power_average_s is None else power_average_s
+    return recheck(rows, load_power(JobDir.find(shards_dir, "power")), idle, span)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,8 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("energy", help="the energy dataset (results/energy.parquet)")
     parser.add_argument("shards", help="the jobs' directory (results/shards) with power.parquet")
     parser.add_argument("-o", "--output", required=True, help="validation Parquet to write")
+    span = "validity.power_average_s (default: the sweep's, in config.yaml next to ENERGY)"
+    parser.add_argument("--power-average-s", type=float, default=None, help=span)
     args = parser.parse_args(argv)
-    table = from_published(args.energy, args.shards)
+    table = from_published(args.energy, args.shards, args.power_average_s)
     write(table, args.output)
     windows = table[table["scope"] == "window"]
     ratio = windows["timeline_counter_ratio"].dropna()

@@ -6,7 +6,7 @@ Config key ``measurement.require_energy``:
   one without an energy counter fails the job;
 - ``host``: local rank 0 of every node reads RAPL once;
 - ``none``: nothing is required (null rows say why, as always);
-- ``auto``: ``gpu`` on ranks that compute on CUDA, ``none`` on CPU ranks.
+- ``auto``: ``gpu`` on ranks that have a GPU (CUDA, or an emulated one), ``none`` on CPU ranks.
 
 The check is collective: every rank reports, and every rank raises :class:`EnergyRequired`
 with all ranks' reasons, so no rank waits at a barrier for one that gave up.
@@ -14,7 +14,7 @@ with all ranks' reasons, so no rank waits at a barrier for one that gave up.
 
 from __future__ import annotations
 
-from energysweep.job.sections import Measurement
+from energysweep.job.sections import Measurement, as_dict
 
 REQUIRE = ("auto", "gpu", "host", "none")
 
@@ -23,17 +23,28 @@ class EnergyRequired(RuntimeError):
     """measurement.require_energy asked for energy that this job cannot read."""
 
 
-def resolve(require: str, device: str) -> str:
-    """What ``require`` means on a rank computing on ``device`` (``auto`` resolved)."""
+def resolve(require: str, device: str, gpu_uuids=()) -> str:
+    """What ``require`` means on a rank computing on ``device`` with ``gpu_uuids`` (``auto``
+    resolved: a rank of the emulated node computes on a CPU but has a GPU)."""
     if require not in REQUIRE:
         raise ValueError(f"measurement.require_energy {require!r}: expected one of {REQUIRE}")
     if require == "auto":
-        return "gpu" if device.startswith("cuda") else "none"
+        return "gpu" if device.startswith("cuda") or gpu_uuids else "none"
     return require
 
 
 def check_config(measurement: Measurement) -> list[str]:
-    """Contradictions in the ``measurement`` section (config load time): problem texts."""
+    """Contradictions in the ``measurement`` section (config load time): problem texts.
+
+    Includes what the schema cannot check in ``measurement.emulated`` (a fault on a GPU the
+    emulated node lacks, a jitter that would reorder refreshes): energysweep.hw.emulated.
+    """
+    from energysweep.hw.emulated.settings import problems
+
+    return problems(as_dict(measurement.emulated)) + _source_contradictions(measurement)
+
+
+def _source_contradictions(measurement: Measurement) -> list[str]:
     if measurement.require_energy == "gpu" and measurement.energy_source == "none":
         return [
             "config key measurement.require_energy is gpu but measurement.energy_source is "
@@ -56,7 +67,7 @@ def rank_problem(
     """
     from energysweep.energy import make_source
 
-    need = resolve(measurement.require_energy, device)
+    need = resolve(measurement.require_energy, device, gpu_uuids)
     if need == "none":
         return None
     if need == "gpu":

@@ -75,11 +75,30 @@ class Timeline:
         px = p[k] + (p[k + 1] - p[k]) * (x - t[k]) / (t[k + 1] - t[k])
         return self.cum[k] + (x - t[k]) * (p[k] + px) / 2
 
-    def windows(self, start_ns: np.ndarray, end_ns: np.ndarray) -> dict:
+    def windows(self, start_ns: np.ndarray, end_ns: np.ndarray, average_ns: int = 0) -> dict:
         """Re-check figures of every [start, end] at once; ``status`` says where they cannot
-        be had."""
+        be had.
+
+        Args:
+            average_ns: the span the power reading averages over (validity.power_average_s).
+                A reading at t is the mean power over [t - W, t], so a window's energy is the
+                integral of the readings over [start, end + W] less W times the mean of the
+                readings at those two instants (the power before and after the window): exact
+                where the power is flat outside the window. 0: the plain integral over [start,
+                end]. The samples' statistics, reasons and counter are read over [start, end].
+        """
         start_ns = np.asarray(start_ns, dtype=np.int64)
         end_ns = np.asarray(end_ns, dtype=np.int64)
+        out = self._samples_in(start_ns, end_ns)
+        out.update(self._energy(start_ns, end_ns + average_ns))
+        if average_ns and len(self.t) >= 2:
+            ends = (np.stack([start_ns, end_ns + average_ns]) - self.t0) / 1e9
+            outside = np.interp(ends, self.t, self.p).mean(axis=0) * average_ns / 1e9
+            out["timeline_energy_j"] = out["timeline_energy_j"] - outside
+        return out
+
+    def _samples_in(self, start_ns: np.ndarray, end_ns: np.ndarray) -> dict:
+        """Samples, power spread, clock event reasons and counter movement within each window."""
         m = len(start_ns)
         lo = np.searchsorted(self.t_ns, start_ns, "left")  # samples are sorted: a slice each
         hi = np.searchsorted(self.t_ns, end_ns, "right")
@@ -108,6 +127,15 @@ class Timeline:
             if len(c) >= 2:
                 stuck[i] = bool(c[-1] == c[0])
         out["clock_event_reasons"], out["counter_stuck"] = reasons, stuck
+        return out
+
+    def _energy(self, start_ns: np.ndarray, end_ns: np.ndarray) -> dict:
+        """The trapezoid integral over each [start, end], its largest sample gap and status."""
+        m = len(start_ns)
+        lo = np.searchsorted(self.t_ns, start_ns, "left")
+        hi = np.searchsorted(self.t_ns, end_ns, "right")
+        n_in = hi - lo
+        out = {}
         covered = (
             (len(self.t) >= 2)
             & (start_ns >= (self.t_ns[0] if len(self.t) else 0))
@@ -141,9 +169,10 @@ class Timeline:
         ).astype(object)
         return out
 
-    def window(self, start_ns: int, end_ns: int) -> dict:
+    def window(self, start_ns: int, end_ns: int, average_ns: int = 0) -> dict:
         """:meth:`windows` of one interval."""
-        return {k: v[0] for k, v in self.windows(np.array([start_ns]), np.array([end_ns])).items()}
+        one = self.windows(np.array([start_ns]), np.array([end_ns]), average_ns)
+        return {k: v[0] for k, v in one.items()}
 
 
 def timelines(power: pd.DataFrame) -> dict:

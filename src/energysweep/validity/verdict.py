@@ -14,23 +14,27 @@ counter period, clock event reasons, idle stability).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from energysweep.job.sections import load_section
 from energysweep.job.spec import JobDir
 from energysweep.tables import power as tp
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
-from energysweep.tables.status import ACCEPTED, EnergyStatus, Status
+from energysweep.tables.status import ACCEPTED, NOT_IN_EFFECT, EnergyStatus, Status
 from energysweep.validity import recheck as rc
+from energysweep.validity import serving as sv
 from energysweep.validity import stages as st
+from energysweep.validity.thresholds import Thresholds
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
 REASONS: dict[str, str] = {
+    "emulated": "measured on the emulated GPU node (measurement.device emulated): a test of the "
+    "method, never a figure to cite",
+    "cap_not_applied": "the point's gpu.power_limit_w was refused, or not read back as asked",
+    "clock_not_applied": "the point's gpu.clock was refused, or not read back as asked",
     "no_gpu_energy": "no GPU energy was measured for the point (CPU run, no NVML, or disabled)",
     "partial_gpus": "a GPU of the layout has no energy figure, or fewer GPUs than tp*pp*dp",
     "counter_stuck": "a GPU's energy counter did not move over a window spanning 2+ periods",
@@ -44,6 +48,7 @@ REASONS: dict[str, str] = {
     "throttled": "a validity.throttle_reasons clock event reason was seen during a window",
     "no_timeline": "a window could not be re-checked against the power timeline",
     "recheck_mismatch": "|timeline / counter - 1| > validity.max_recheck_deviation in a window",
+    **sv.REASONS,
 }
 # Checks that need GPU energy (listed as unchecked on points without it).
 GPU_CHECKS = (
@@ -60,33 +65,11 @@ GPU_CHECKS = (
 WINDOW_CHECKS = ["window_short", "few_iterations", "steady_state_short", "batch_not_full"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Thresholds:
-    """Config section ``validity``: the verdict's thresholds (schema defaults, written once)."""
-
-    counter_period_s: float
-    min_counter_periods: float
-    min_iterations: int
-    min_steady_state_s: float
-    min_ok_repetitions: int
-    max_ci_half_width: float
-    max_idle_std_w: float
-    throttle_reasons: list[str]
-    max_recheck_deviation: float
-    min_batch_fill: float
-    require_timeline: bool
-
-    @classmethod
-    def from_config(cls, section: dict) -> Thresholds:
-        """The validated config's ``validity`` section (every key present: defaults filled)."""
-        return load_section(cls, section, "validity")
-
-
 # New summary columns -> status columns that explain a null in them (aggregate.nulls).
 _GPU = ("gpu_energy_status", "status")
 NULL_STATUS: dict[str, tuple[str, ...]] = {
     "steady_state_s": ("status",),
-    "batch_fill": ("status",),
+    "batch_fill": ("status", "serving_status"),
     "ci_half_width_fraction": ("ci_status", *_GPU),
     "observed_counter_period_s": ("recheck_status", *_GPU),
     "recheck_ratio": ("recheck_status", *_GPU),
@@ -98,12 +81,20 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
     "stage_cpu_time_max_min_ratio": ("stage_status", "status"),
     "gpu_energy_max_min_ratio": _GPU,
     "gpu_model": _GPU,
+    **sv.NULL_STATUS,
 }
 # Free text where empty means "nothing to report".
-INFO_COLUMNS = {"invalid_reasons", "validity_unchecked", "clock_event_reasons_seen"}
+INFO_COLUMNS = {
+    "invalid_reasons",
+    "validity_unchecked",
+    "clock_event_reasons_seen",
+    *sv.INFO_COLUMNS,
+}
 
 ROW_COLUMNS = sorted(
-    set(rc.ROW_COLUMNS) | set(st.ROW_COLUMNS) | {"requests", "iterations", "gpu_name"}
+    set(rc.ROW_COLUMNS)
+    | set(st.ROW_COLUMNS)
+    | {"requests", "iterations", "gpu_name", "gpu_energy_method"}
 )
 
 
@@ -150,6 +141,12 @@ def annotate(
     win = ok_head.drop_duplicates(WINDOW_KEYS).copy()
     win["batch_fill"] = win["requests"] / (win["iterations"] * win["batch_size"] * win["dp"])
     s["batch_fill"] = _per_point(win, s, "batch_fill", "median")
+    # Serving: the engine's batch use, mean requests running / (cap x dp) (no validity check:
+    # the load, not a full batch, is what a serving point sets).
+    serving = sv.is_serving(s)
+    if serving.any():
+        use = s["achieved_concurrency"] / (s["batch_size"] * s["dp"])
+        s["batch_fill"] = np.where(serving, use, s["batch_fill"])
     # Steady state behind the point's figure: the ok windows' total time. A window runs only
     # full batches after the warm-up iterations, so all of it is steady state (batch_fill
     # says whether the batches were full).
@@ -163,9 +160,13 @@ def annotate(
     _idle_columns(s, rows, validation[validation["scope"] == "idle"], has_energy)
     s["ci_half_width_fraction"] = _ci_half_width_fraction(s)
     layout_gpus = (s["tp"] * s["pp"] * s["dp"]).astype(int)
+    # Every row measured on the emulated node says so (hw.nvml.label): never a valid point.
+    emu = rows["gpu_energy_method"].astype(str).str.startswith("emulated:").astype(float)
+    checks["emulated"] = _per_point(rows.assign(_emu=emu), s, "_emu", "any") > 0
     _verdict(s, c, gpu_status, has_energy, layout_gpus, **checks)
 
     s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
+    s = sv.knee(s, c)
     # ML.ENERGY v3 parity (README, "ML.ENERGY v3 parity"): GPUs of the layout and GPU model.
     s["gpu_count"] = layout_gpus
     names = ok_head[ok_head["gpu_name"].notna()].drop_duplicates([*POINT_KEYS, "gpu_name"])
@@ -277,11 +278,14 @@ def _verdict(
     any_unchecked: np.ndarray,
     s_stuck: np.ndarray,
     throttled: np.ndarray,
+    emulated: np.ndarray,
 ) -> None:
     """Adds ``valid``, ``invalid_reasons`` and ``validity_unchecked`` to ``s`` (in place)."""
     n = len(s)
     window_s = s["window_s"].to_numpy(dtype=float)
     fails = {
+        "emulated": emulated,
+        **_setting_fails(s),
         "no_gpu_energy": ~has_energy & ~gpu_status.str.contains(EnergyStatus.PARTIAL),
         "partial_gpus": gpu_status.str.contains(EnergyStatus.PARTIAL)
         | (has_energy & (s["n_gpus"] < layout_gpus)),
@@ -297,6 +301,9 @@ def _verdict(
         "no_timeline": has_energy & any_unchecked & bool(c.require_timeline),
         "recheck_mismatch": has_energy & (s["recheck_max_deviation"] > c.max_recheck_deviation),
     }
+    serving_fails, serving_unknown = sv.fails(s, c)
+    fails.update(serving_fails)
+    fails["batch_not_full"] &= ~sv.is_serving(s)
     fails = {k: np.array(v, dtype=bool) for k, v in fails.items()}
     # A point with no ok window has nothing to time: few_repetitions says it, and the window
     # checks are listed as unchecked rather than failed.
@@ -313,10 +320,25 @@ def _verdict(
             skip.append("idle_unstable")
         if has_energy.iloc[i] and any_unchecked[i]:
             skip += ["counter_stuck", "throttled", "recheck_mismatch"]
+        if serving_unknown[i]:
+            skip.append("load_not_sustained")
         unchecked.append(";".join(k for k in REASONS if k in skip))
     s["valid"] = [not x for x in codes]
     s["invalid_reasons"] = codes
     s["validity_unchecked"] = unchecked
+
+
+def _setting_fails(s: pd.DataFrame) -> dict:
+    """``cap_not_applied``/``clock_not_applied``: a setting asked for is not what was measured
+    at (refused, read back otherwise, or not verifiable: energysweep.aggregate.gpu_setting)."""
+    bad = [str(x) for x in NOT_IN_EFFECT]
+    out = {}
+    for code, column in (
+        ("cap_not_applied", "gpu_power_limit_status"),
+        ("clock_not_applied", "gpu_clock_status"),
+    ):
+        out[code] = s[column].isin(bad) if column in s else np.zeros(len(s), dtype=bool)
+    return out
 
 
 def evaluate(
@@ -329,5 +351,5 @@ def evaluate(
     """
     power_files = [JobDir.of(j).power for j in jobs]
     power = tp.load_power([p for p in power_files if Path(p).is_file()])
-    validation = rc.recheck(rows, power, rc.idle_bounds(jobs))
+    validation = rc.recheck(rows, power, rc.idle_bounds(jobs), thresholds.power_average_s)
     return annotate(summary, rows, validation, thresholds), validation, st.stage_table(rows)

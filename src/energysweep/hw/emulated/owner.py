@@ -1,0 +1,240 @@
+"""The owner of emulated GPUs: the process whose activity is their load.
+
+An :class:`Owner` samples its activity (by default this process's CPU busy fraction, less the
+sampling thread's own) at ``activity_hz``, turns it into true power (hw/emulated/physics.py),
+integrates it exactly (power is constant over each sample interval) and appends each sample to
+the GPU's shared state, from which every process's emulated NVML reads. On :meth:`Owner.close`
+it writes the ground truth of its time as owner, ``truth-gpu<i>-<pid>.parquet`` next to the
+state: the cumulative true energy at every sample, so the energy of any window is a lookup
+(hw/emulated/truth.py). The measurement code never reads it; tests and the benchmark do.
+
+Activity sources: :class:`ProcessActivity` (default: the owning rank itself),
+:class:`PidActivity` (a set of processes, e.g. an inference server's workers),
+:class:`FunctionActivity` (a given load pattern, for tests and the benchmark).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import energysweep.hw.emulated.physics as physics
+from energysweep.hw.emulated.node import Node
+from energysweep.hw.emulated.state import pid_alive
+
+TRUTH_GLOB = "truth-gpu*.parquet"
+
+
+class ProcessActivity:
+    """CPU busy fraction of this process, less the CPU time of the thread that samples it."""
+
+    def __init__(self):
+        self._last = None
+
+    def fraction(self, t_prev_ns: int, t_now_ns: int) -> float:
+        busy = time.process_time_ns() - time.thread_time_ns()  # on the sampling thread
+        last, self._last = self._last, busy
+        if last is None or t_now_ns <= t_prev_ns:
+            return 0.0
+        return (busy - last) / (t_now_ns - t_prev_ns)
+
+
+class PidActivity:
+    """CPU busy fraction of a set of processes (all their threads; ``/proc/<pid>/task``).
+
+    CPU time is kept per thread: an interval counts the growth of every thread seen in the
+    previous sample and all of a thread born since in a process seen then. A process first seen
+    counts from its next sample (a server that joins the set brings CPU time spent before it),
+    and a process or thread that ended drops out (its total no longer offsets the others').
+    """
+
+    def __init__(self, pids):
+        self.pids = pids  # a list, or a callable returning the current list
+        self._last: dict[int, dict[str, int]] | None = None
+
+    @staticmethod
+    def _threads_ns(pid: int) -> dict[str, int] | None:
+        """CPU ns of each live thread of ``pid``; None if the process is gone."""
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return None
+        out = {}
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    out[task] = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended
+        return out
+
+    def fraction(self, t_prev_ns: int, t_now_ns: int) -> float:
+        pids = self.pids() if callable(self.pids) else self.pids
+        now = {p: t for p in pids if (t := self._threads_ns(p)) is not None}
+        last, self._last = self._last, now
+        if last is None or t_now_ns <= t_prev_ns:
+            return 0.0
+        busy = 0
+        for pid, threads in now.items():
+            before = last.get(pid)
+            if before is None:
+                continue  # first seen: its CPU time so far is not this interval's
+            busy += sum(max(0, ns - before.get(tid, 0)) for tid, ns in threads.items())
+        return busy / (t_now_ns - t_prev_ns)
+
+
+class FunctionActivity:
+    """A given load: ``fn(t_ns)`` -> busy fraction, taken at the middle of each sample
+    interval (a pattern whose steps fall on sample instants is then followed exactly)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def fraction(self, t_prev_ns: int, t_now_ns: int) -> float:
+        return float(self.fn((t_prev_ns + t_now_ns) // 2))
+
+
+class Owner:
+    """This process drives the GPUs ``indices`` of ``node`` with ``activity``."""
+
+    def __init__(self, node: Node, indices: list[int], activity=None, pid: int | None = None):
+        self.node = node
+        self.views = [node.view(i) for i in indices]
+        self.activity = activity or ProcessActivity()
+        self.pid = pid or os.getpid()
+        self.prof = node.profile
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        now = node.clock()
+        self._truth: dict[int, list[tuple]] = {}
+        self._energy: dict[int, float] = {}
+        for v in self.views:
+            prev = v.state.get("owner_pid")
+            if prev and prev != self.pid and pid_alive(prev):
+                raise RuntimeError(
+                    f"emulated GPU {v.ident.uuid} is already owned by process {prev}"
+                )
+            e0 = float(v.energy_mj(now, alive=False))  # idle since the last sample
+            v.state.set("owner_pid", self.pid)
+            v.state.set("attach_ns", now)
+            self._append(
+                v,
+                np.array([now]),
+                np.array([e0]),
+                np.array([self.prof.idle_w]),
+                np.array([self.prof.idle_sm_mhz]),
+                np.array([physics.GPU_IDLE]),
+            )
+        self._t = now
+
+    def _append(self, v, t, e, p, clock, reasons) -> None:
+        v.state.append(t, e, p, clock, reasons)
+        self._truth.setdefault(v.index, []).append(
+            (t.astype(np.int64), np.asarray(e, float), np.asarray(p, float))
+        )
+        self._energy[v.index] = float(e[-1])
+
+    def step(self, now_ns: int | None = None) -> None:
+        """One sample: the activity since the last one sets every owned GPU's power."""
+        with self._lock:
+            now = self.node.clock() if now_ns is None else now_ns
+            if now <= self._t:
+                return
+            u = self.activity.fraction(self._t, now)
+            self.advance(np.array([now], dtype=np.int64), np.array([u]))
+
+    def advance(self, t_ns: np.ndarray, activity: np.ndarray) -> None:
+        """Samples at times ``t_ns`` (increasing, after the last) with the activities over the
+        interval before each: the bulk form of :meth:`step` (the benchmark's virtual time)."""
+        t = np.asarray(t_ns, dtype=np.int64)
+        dt = np.diff(np.concatenate([[self._t], t]))
+        for v in self.views:
+            slow = np.zeros(len(t), dtype=bool)
+            if self.node.settings.faults_of("throttle", self.node.host, v.index):
+                slow = np.array([v.in_episode("throttle", int(x)) is not None for x in t])
+            p, clock, reasons = physics.true_power(
+                self.prof, activity, v.cap_mhz(), v.power_limit_mw() / 1e3, slow
+            )
+            p = np.broadcast_to(p, t.shape).astype(np.float64)
+            e = self._energy[v.index] + np.cumsum(p * dt / 1e6)  # W * ns / 1e6 = mJ
+            self._append(
+                v, t, e, p, np.broadcast_to(clock, t.shape), np.broadcast_to(reasons, t.shape)
+            )
+            self._record_anchors(v, int(t[-1]))
+        self._t = int(t[-1])
+
+    def _record_anchors(self, v, now: int) -> None:
+        """E at the refresh before each counter fault's latest start, once (readers use it
+        when that refresh is older than the shared history)."""
+        for slot, f in enumerate(self.node.settings.faults):
+            if f.kind not in ("counter_reset", "stuck_counter") or not f.applies(
+                self.node.host, v.index
+            ):
+                continue
+            start = f.last_start(self.node.t_s(now))
+            if start is None or v.state.anchor(slot)[0] == start[0] + 1:
+                continue
+            start_ns = self.node.settings.epoch_ns + int(round(start[1] * 1e9))
+            v.state.set_anchor(slot, start[0], float(v.energy_mj(v.tick(start_ns)[1], True)))
+
+    # ---------------------------------------------------------------------------- thread
+    def start(self) -> Owner:
+        """Sample on a daemon thread at the node's ``activity_hz`` until :meth:`close`."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name="emulated-gpu-owner", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        period = 1.0 / self.node.settings.activity_hz
+        self.activity.fraction(self._t, self._t)  # baseline on this thread
+        next_t = time.monotonic() + period
+        while not self._stop.wait(max(0.0, next_t - time.monotonic())):
+            self.step()
+            next_t = max(next_t + period, time.monotonic() - period)  # never spin to catch up
+
+    def close(self) -> list[Path]:
+        """Stop sampling (one last sample), release the GPUs, write the truth files."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._thread = None
+            self.step()
+        paths = []
+        for v in self.views:
+            if v.state.get("owner_pid") == self.pid:
+                v.state.set("owner_pid", 0)
+            paths.append(self._write_truth(v))
+        return paths
+
+    def _write_truth(self, v) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        chunks = self._truth.get(v.index, [])
+        t, e, p = (
+            [np.concatenate([c[i] for c in chunks])] if chunks else [np.zeros(0)] for i in range(3)
+        )
+        n = len(t[0])
+        table = pa.table(
+            {
+                "host": pa.array([self.node.host] * n, pa.string()),
+                "gpu_index": pa.array(np.full(n, v.index), pa.int32()),
+                "gpu_uuid": pa.array([v.ident.uuid] * n, pa.string()),
+                "time_ns": pa.array(t[0].astype(np.int64), pa.int64()),
+                "energy_mj": pa.array(e[0], pa.float64()),
+                "power_w": pa.array(p[0], pa.float64()),
+            }
+        )
+        path = v.state.path.with_name(f"truth-gpu{v.index}-{self.pid}.parquet")
+        tmp = path.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        return path

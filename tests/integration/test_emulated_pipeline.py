@@ -1,0 +1,122 @@
+"""The whole pipeline on the emulated GPU node: GPU joules flow from NVML to the report.
+
+One sweep (``emulated_run`` in tests/conftest.py): the default layouts (tp, pp, dp up to 2
+GPUs), inference and training, PyTorch, on ``measurement.device: emulated`` with short windows.
+Real Snakemake, torchrun (gloo) and Parquet; only NVML is emulated, and the emulator's ground
+truth (each owning rank's exact integral of its GPU's true power) is what the energy per window
+is held to.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from emulated_truth import against_truth, assert_matches_truth
+
+from energysweep.hw.emulated.node import identity
+from energysweep.results import unexplained_nulls
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.mark.timeout(900)
+def test_every_gpu_column_is_filled_and_says_emulated(emulated_run):
+    wf, _ = emulated_run
+    e = pd.read_parquet(wf / "results" / "energy.parquet")
+    assert len(e) and (e["status"] == "ok").all()
+    assert e["gpu_uuid"].notna().all() and e["gpu_energy_mj"].gt(0).all()
+    assert e["gpu_energy_status"].isin(["measured"]).all(), e["gpu_energy_status"].value_counts()
+    assert e["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
+    assert e["energy_source"].eq("emulated:nvml").all()
+    assert e["device"].eq("cpu").all()  # the ranks computed on CPUs
+    assert set(e["gpu_name"]) == {"NVIDIA H100 80GB HBM3"}
+    s = pd.read_csv(wf / "results" / "summary.csv", keep_default_na=False, na_values=[""])
+    assert unexplained_nulls(s) == []
+    inference, training = s[s["scenario"] == "inference"], s[s["scenario"] == "training"]
+    assert len(inference) == len(training) == 4  # tp2, pp2, dp2 and one GPU
+    assert inference["energy_per_output_token_j"].gt(0).all()
+    per_gpu = inference["mean_gpu_power_w"] / inference["n_gpus"]  # the window sums its GPUs
+    assert per_gpu.between(70, 700).all(), per_gpu
+    assert training["energy_per_train_token_j"].gt(0).all()
+    assert (s["gpu_count"] == s["n_gpus"]).all()
+    # Never valid, whatever else: the first reason is always `emulated`.
+    assert not s["valid"].any()
+    assert s["invalid_reasons"].str.split(";").map(lambda r: r[0] == "emulated").all()
+    env = pd.read_parquet(wf / "results" / "environment.parquet")
+    assert set(env["emulated_gpu_profile"]) == {"h100-sxm"}
+
+
+@pytest.mark.timeout(900)
+def test_energy_per_window_matches_the_ground_truth(emulated_run):
+    wf, _ = emulated_run
+    assert_matches_truth(against_truth(wf))
+
+
+@pytest.mark.timeout(900)
+def test_each_rank_measured_its_own_gpu(emulated_run):
+    """NVML index, UUID and PCI bus id as on a real node: rank r owns CUDA device r, i.e. the
+    node's GPU r (no CUDA_VISIBLE_DEVICES outside Slurm), one distinct GPU per rank."""
+    wf, _ = emulated_run
+    e = pd.read_parquet(wf / "results" / "energy.parquet")
+    for _, job in e.groupby("job_id"):
+        assert job["gpu_uuid"].nunique() == job["world_size"].iloc[0]
+        for r in job.itertuples():
+            ident = identity(r.host, r.local_rank)
+            assert (r.gpu_uuid, r.gpu_index, r.gpu_pci_bus_id) == (
+                ident.uuid,
+                r.local_rank,
+                ident.pci_bus_id,
+            )
+
+
+@pytest.mark.timeout(900)
+def test_recheck_stages_and_report_carry_gpu_energy(emulated_run):
+    wf, _ = emulated_run
+    v = pd.read_parquet(wf / "results" / "validation.parquet")
+    gpu = v[v["scope"] == "gpu"]
+    assert len(gpu) and (gpu["status"] == "ok").all(), gpu["status"].value_counts()
+    assert gpu["timeline_energy_j"].gt(0).all() and gpu["counter_energy_j"].gt(0).all()
+    idle = v[v["scope"] == "idle"]
+    assert len(idle) and idle["power_std_w"].notna().all()
+    stages = pd.read_csv(wf / "results" / "stages.csv")
+    pp2 = stages[stages["pp"] == 2]
+    assert len(pp2) and pp2["gpu_energy_j"].gt(0).all()
+    shares = pp2.groupby(["scenario", "batch_size", "phase"])["gpu_energy_share"].sum()
+    assert ((shares - 1).abs() < 1e-9).all()
+    s = pd.read_csv(wf / "results" / "summary.csv")
+    assert s.loc[s["pp"] == 2, "stage_gpu_energy_max_min_ratio"].ge(1).all()
+    # The report says so on its first screen, and so do its table pages.
+    html = (wf / "results" / "report.html").read_text(errors="replace")
+    assert "EMULATED GPU NODE" in html
+    page = (wf / "results" / "report" / "summary.html").read_text()
+    assert "EMULATED GPU NODE" in page
+    env_page = (wf / "results" / "report" / "environment.html").read_text()
+    assert "EMULATED GPU NODE" in env_page and "h100-sxm" in env_page
+    # The truth travelled with each job, next to job.json; the shared state did not.
+    for job in (wf / "results" / "shards").glob("**/job.json"):
+        files = [p.name for p in job.with_name("emulated").rglob("*") if p.is_file()]
+        assert "settings.json" in files and any(f.startswith("truth-gpu") for f in files)
+        assert not any(f.endswith(".state") for f in files)
+        assert json.loads(job.read_text())["environment"]["emulated_gpu_profile"] == "h100-sxm"
+
+
+@pytest.mark.timeout(300)
+def test_preflight_reads_the_emulated_node(emulated_run):
+    """`make preflight` on an emulated node: its idle GPUs' counters advance every refresh,
+    Zeus agrees with NVML, and the verdict says the node is emulated."""
+    import subprocess
+
+    from conftest import test_env
+
+    wf, cfg = emulated_run
+    argv = ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}", "--forcerun",
+            "preflight_node", "preflight"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=wf, env=test_env(), capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdict = (wf / "results" / "preflight" / "verdict.txt").read_text()
+    assert "EMULATED GPU node (h100-sxm)" in verdict and "Preflight PASSED" in verdict
+    assert "require_energy auto -> gpu" in verdict
+    assert "advances every 10" in verdict and "zeus     ok" in verdict, verdict

@@ -1,0 +1,103 @@
+"""Window edges aligned to counter refreshes (energysweep.energy.ticks, energy/nvml.py) against the
+emulated node's exact truth, in virtual time: each window is a load step out of idle, as the
+window rule (cooldown, prepare, barrier, begin ... end) makes them."""
+
+from __future__ import annotations
+
+import pytest
+
+import energysweep.energy.ticks as ticks
+from energysweep.energy.nvml import NvmlSource
+from energysweep.hw import nvml as hw_nvml
+from energysweep.hw.emulated.truth import Truth
+
+from emulated_helpers import VirtualJob
+
+
+def errors_pct(
+    tmp_path, monkeypatch, window_s: float, n: int = 4, barrier_s: float = 0.0
+) -> list[float]:
+    """Per window, (measured - true) / true in %; ``barrier_s``: the wait between ``prepare``
+    and ``begin`` (the barrier where ranks wait for the slowest one's refreshes)."""
+    job = VirtualJob(tmp_path, 1, [])
+    monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
+    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep)
+    windows = []
+    for k in range(n):
+        job.sleep(2.0 + 0.013 * k)  # cooldown; edges land anywhere against the refreshes
+        source.prepare()
+        job.sleep(barrier_s)
+        source.begin()
+        start = job.clock.t
+        job.busy = True
+        job.sleep(window_s)
+        job.busy = False
+        end = job.clock.t
+        (r,) = source.end()
+        windows.append((start, end, r.energy_mj))
+    job.sleep(1.0)
+    job.owner.close()
+    truth = Truth.read(tmp_path)
+    out = []
+    for start, end, mj in windows:
+        true = float(truth.energy_mj(job.uuids[0], start, end))
+        out.append(100 * (mj - true) / true)
+    return out
+
+
+def test_aligned_windows_match_the_truth(tmp_path, monkeypatch):
+    errs = errors_pct(tmp_path, monkeypatch, 5.0)
+    assert max(map(abs, errs)) < 0.1, errs  # bench/energy_accuracy.py: 0.09% worst at 5 s
+    short = errors_pct(tmp_path / "short", monkeypatch, 0.5)
+    assert max(map(abs, short)) < 1.0, short
+
+
+def test_start_edge_counts_the_idle_energy_since_the_last_refresh(tmp_path, monkeypatch):
+    """Another rank's refreshes can keep this one at the barrier for most of a period: the start
+    value is the last refresh plus the idle power until the edge, not the last refresh."""
+    errs = errors_pct(tmp_path, monkeypatch, 0.5, barrier_s=0.08)
+    assert max(map(abs, errs)) < 0.5, errs  # without the idle power: 80 ms x 70 W, ~2% of 0.5 s
+
+
+@pytest.mark.timeout(30)  # a wait that ignores the timeout never returns: fail, not hang
+def test_refreshes_times_each_counter_at_its_change_and_gives_up_on_a_stuck_one():
+    """ticks.refreshes on scripted counters (1 ms polls, a virtual clock): each GPU's refreshes
+    are its own (their phases differ), timed halfway between the reads around the change; a
+    counter that never changes gets none, and the wait ends ``timeout_s`` after the call."""
+    t = [0.0]
+    phases = [0.0305, 0.0705]  # refresh times k x 0.1 s + phase, halfway between two polls
+
+    def read():
+        now = round(t[0], 6)
+        return [int((now - p) // 0.1) * 1000 for p in phases] + [5]  # GPU 2: stuck
+
+    def sleep(s):
+        t[0] += s
+
+    first, seen = ticks.refreshes(read, 2, clock=lambda: t[0], sleep=sleep, timeout_s=0.5)
+    assert first == [-1000, -1000, 5]
+    assert [v for v, _ in seen[0]] == [0, 1000] and [v for v, _ in seen[1]] == [0, 1000]
+    assert [tt for _, tt in seen[0]] == pytest.approx([0.0305, 0.1305], abs=1e-9)
+    assert [tt for _, tt in seen[1]] == pytest.approx([0.0705, 0.1705], abs=1e-9)
+    assert seen[2] == []
+    assert t[0] == pytest.approx(0.5, abs=0.002)  # the stuck counter's timeout, no longer
+
+
+def test_reading_at_the_edges_misplaces_up_to_a_refresh(tmp_path, monkeypatch):
+    """Without alignment (no refresh awaited) the same windows are off by up to a period."""
+    monkeypatch.setattr(ticks, "TIMEOUT_S", 0.0)
+    errs = errors_pct(tmp_path, monkeypatch, 0.5)
+    assert max(map(abs, errs)) > 2.0, errs  # a load step at an edge: up to 100 ms of 500
+
+
+def test_a_stuck_counter_leaves_the_edge_unaligned_and_says_so(tmp_path, monkeypatch):
+    job = VirtualJob(tmp_path, 1, [{"kind": "stuck_counter", "gpu": 0}])
+    monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
+    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep)
+    t0 = job.clock.t
+    source.prepare()
+    source.begin()
+    job.sleep(1.0)
+    (r,) = source.end()
+    assert r.energy_mj == 0 and "did not refresh within 1.5 s" in r.detail
+    assert (job.clock.t - t0) / 1e9 == pytest.approx(1.0 + 2 * ticks.TIMEOUT_S, abs=0.05)

@@ -9,9 +9,9 @@ How a layout maps onto vLLM (checked against vLLM 0.32.0's source, see docs/back
 - DP: vLLM lays ranks out as ExternalDP x DP x PP x TP (tp innermost, as
   :class:`energysweep.job.layout.ParallelLayout`), so with ``data_parallel_size=1`` a world of
   tp*pp*dp ranks holds dp *independent* replicas ("every dp rank can generate independently").
-  Prompts are split by energysweep.run as for PyTorch, and all ranks of a replica submit the same
-  batch. vLLM's own DP (``data_parallel_size > 1`` or VLLM_DP_SIZE) is for MoE models: in one
-  process it raises, and via VLLM_DP_* it refuses dense models;
+  Prompts are split by energysweep.scenarios.inference as for PyTorch, and all ranks of a
+  replica submit the same batch. vLLM's own DP (``data_parallel_size > 1`` or VLLM_DP_SIZE) is
+  for MoE models: in one process it raises, and via VLLM_DP_* it refuses dense models;
 - PP: vLLM broadcasts the last stage's output to every PP rank, so the writer (stage 0) returns
   the tokens; under this executor PP runs one batch at a time (no micro-batch overlap);
 - the same seed on every rank; greedy decoding; ``ignore_eos`` and ``min_tokens = max_tokens =

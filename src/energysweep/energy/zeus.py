@@ -10,8 +10,8 @@ cross-check our reading and for sites that standardise on Zeus. Traps this modul
   which it parses as integers only: ``GPU-…`` UUIDs raise, ``MIG-…`` and empty values give an
   empty monitor. We refuse those settings with a reason, and map Zeus's GPUs back to UUIDs
   through NVML so rows are keyed like every other source. Index order matches only under
-  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (energysweep.launch sets it).
-- Window edges are ours (device sync + barrier in energysweep.run), so Zeus never syncs:
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (energysweep.launch.argv.build_env sets it).
+- Window edges are ours (device sync + barrier in energysweep.measure.window), so Zeus never syncs:
   ``sync_execution=False``.
 """
 

@@ -137,11 +137,12 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     done = req[req["metrics_status"] == "measured"]
     assert (done["output_tokens"] == 16).all()
     # One streamed chunk per token after the first, but a busy server bundles some: at the
-    # overload point (rate=256) most of them (seen: 21-35% unbundled on a shared 2-core machine),
-    # so the share of unbundled streams is asked of the loads below it only.
+    # overload point (rate=256) most of them (seen: 21-35% unbundled on a shared 2-core machine,
+    # and a stream or two delivered whole in its first chunk, no gap at all), so the first chunk
+    # being followed by others, and the share of unbundled streams, are asked below it only.
     chunks = done["itl_s"].map(len)
     below = chunks[done["load"] != "rate=256"]
-    assert (chunks <= 15).all() and (chunks >= 1).all() and (below == 15).mean() > 0.8
+    assert (chunks <= 15).all() and (below >= 1).all() and (below == 15).mean() > 0.8
     sent = req[req["load"] != "warmup"].groupby("load").size()
     assert sent.to_dict() == dict(zip(shards["load"], shards["requests_sent"], strict=True))
     record = json.loads((d / "job.json").read_text())

@@ -101,3 +101,22 @@ def test_a_stuck_counter_leaves_the_edge_unaligned_and_says_so(tmp_path, monkeyp
     (r,) = source.end()
     assert r.energy_mj == 0 and "did not refresh within 1.5 s" in r.detail
     assert (job.clock.t - t0) / 1e9 == pytest.approx(1.0 + 2 * ticks.TIMEOUT_S, abs=0.05)
+
+
+def test_edge_corrections_that_cancel_a_short_window_leave_no_figure(tmp_path, monkeypatch):
+    """A window much shorter than a refresh, right after a load step: the start edge extrapolates
+    the busy power past the refresh, the end edge subtracts idle power to the next one, and the
+    two can cross. That is no measurement: null with its reason, never a clamped 0."""
+    job = VirtualJob(tmp_path, 1, [])
+    monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
+    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep)
+    job.busy = True
+    job.sleep(2.0)  # busy power in the last refresh interval before the start edge
+    source.prepare()
+    job.busy = False  # idle from the edge on: the start extrapolates busy power, wrongly
+    job.sleep(0.09)
+    source.begin()
+    job.sleep(0.001)
+    (r,) = source.end()
+    assert r.energy_mj is None, r
+    assert r.status == "short-window" and "not resolved" in r.detail

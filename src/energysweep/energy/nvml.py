@@ -33,7 +33,7 @@ class CounterWentBackwards(RuntimeError):
 
 
 def window_reading(
-    gpu: dict, energy_mj: float, duration_ns: int, method: str, source: str
+    gpu: dict, energy_mj: float | None, duration_ns: int, method: str, source: str
 ) -> GpuReading:
     """The reading of one GPU (a dict with uuid, index, pci, name) over a window of
     ``duration_ns``; flagged short-window when shorter than the counter's update period."""
@@ -143,8 +143,17 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     f"NVML energy counter of {g['uuid']} went from {self._raw_start[i]} to "
                     f"{at_edge[i]} mJ inside a window (driver reload?); the window is not usable"
                 )
-            # The idle corrections at the edges can make a window of ~0 s read -1 mJ: 0 then.
-            r = window_reading(g, max(0.0, float(b - a)), duration, METHOD, self.name)
+            # The edge corrections (power before the start, idle power after the end) can more
+            # than cancel a very short window's energy: no figure then (null with its reason),
+            # never a clamped 0. A stuck counter's 0 is a reading (the verdict's counter_stuck).
+            delta = float(b - a)
+            r = window_reading(g, delta if delta >= 0 else None, duration, METHOD, self.name)
+            if delta < 0:
+                if r.status != EnergyStatus.SHORT_WINDOW:
+                    r.status = EnergyStatus.UNAVAILABLE
+                r.detail = "; ".join(
+                    filter(None, [r.detail, f"edge corrections leave {delta:.0f} mJ: not resolved"])
+                )
             if i in self._unaligned:
                 r.detail = "; ".join(
                     filter(None, [r.detail, f"counter did not refresh within {ticks.TIMEOUT_S} s"])

@@ -15,6 +15,7 @@ with all ranks' reasons, so no rank waits at a barrier for one that gave up.
 from __future__ import annotations
 
 from energysweep.job.sections import Measurement, as_dict
+from energysweep.tables.status import EnergyStatus
 
 REQUIRE = ("auto", "gpu", "host", "none")
 
@@ -83,7 +84,9 @@ def rank_problem(
             return f"GPU energy ({kind}): reading failed: {type(exc).__name__}: {exc}"
         finally:
             source.close()
-        bad = [r for r in readings if r.energy_mj is None]
+        # The probe is a window of ~0 s: its figure may be unresolved (short-window), yet the
+        # counters were read; only a source that cannot read them fails.
+        bad = [r for r in readings if r.energy_mj is None and r.status != EnergyStatus.SHORT_WINDOW]
         if bad or not readings:
             why = "; ".join(r.detail or r.status for r in bad) or "no GPU reported"
             return f"GPU energy ({kind}) unavailable on {device}: {why}"

@@ -94,6 +94,19 @@ def start(wf: Path, profile: list[str], *args: str, timeout=RUN_TIMEOUT_S) -> su
     )
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a sweep still running: SIGTERM (timeout passes it on; Snakemake cancels its Slurm
+    jobs), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def finish(proc: subprocess.Popen, timeout=RUN_TIMEOUT_S + 60) -> str:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out[-6000:]
@@ -159,11 +172,15 @@ def test_multinode_sweep_matches_single_process(slurm_multinode, tmp_path):
             over["workload"] = {**TINY["workload"], "batch_sizes": [2, 4]}
         runs.append((wf, start(wf, SLURM, write_config(wf, "mn.yaml", over))))
     rows = []
-    for wf, proc in runs:
-        finish(proc)
-        e = pd.read_parquet(wf / "results" / "energy.parquet")
-        e["wf"] = str(wf)
-        rows.append(e)
+    try:
+        for wf, proc in runs:
+            finish(proc)
+            e = pd.read_parquet(wf / "results" / "energy.parquet")
+            e["wf"] = str(wf)
+            rows.append(e)
+    finally:  # a failed sweep must not leave the other one running past the test
+        for _, proc in runs:
+            stop(proc)
     e = pd.concat(rows, ignore_index=True)
     e["layout"] = layout_of(e)
     assert e["status"].eq("ok").all(), e[["layout", "scenario", "status", "error"]]

@@ -37,34 +37,36 @@ SMALL = {
 LOCAL_RUN_TIMEOUT_S = 600
 
 
-@pytest.fixture(scope="session")
-def local_run(tmp_path_factory) -> tuple[Path, str]:
-    """The default sweep (PyTorch, SMALL) on the local profile: (workflow dir, config path)."""
+def local_sweep(
+    directory: Path,
+    config: dict,
+    name: str = "test.yaml",
+    report: bool = True,
+    timeout_s: float = LOCAL_RUN_TIMEOUT_S,
+) -> tuple[Path, str]:
+    """A workflow copy in ``directory`` run with ``config`` (config/<name>) on the local
+    profile, with the report unless ``report`` is False: (workflow dir, config path)."""
     import subprocess
 
     import yaml
 
-    wf = workflow_copy(tmp_path_factory.mktemp("local"))
-    (wf / "config" / "test.yaml").write_text(yaml.safe_dump(SMALL))
-    cfg = "config/test.yaml"
+    wf = workflow_copy(directory)
+    cfg = f"config/{name}"
+    (wf / cfg).write_text(yaml.safe_dump(config))
+    argv = ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}"]
+    if report:
+        argv += ["--report", "results/report.html", "--report-after-run"]
     proc = subprocess.run(
-        [
-            "snakemake",
-            "--profile",
-            "profiles/local",
-            f"--configfile={cfg}",
-            "--report",
-            "results/report.html",
-            "--report-after-run",
-        ],
-        cwd=wf,
-        env=test_env(),
-        capture_output=True,
-        text=True,
-        timeout=LOCAL_RUN_TIMEOUT_S,
+        argv, cwd=wf, env=test_env(), capture_output=True, text=True, timeout=timeout_s
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return wf, cfg
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory) -> tuple[Path, str]:
+    """The default sweep (PyTorch, SMALL) on the local profile: (workflow dir, config path)."""
+    return local_sweep(tmp_path_factory.mktemp("local"), SMALL)
 
 
 # The default layouts (tp, pp, dp up to 2 GPUs; inference and training) on the emulated GPU node
@@ -87,20 +89,7 @@ EMULATED = {
 @pytest.fixture(scope="session")
 def emulated_run(tmp_path_factory) -> tuple[Path, str]:
     """The default layouts on the emulated node, with the report: (workflow dir, config)."""
-    import subprocess
-
-    import yaml
-
-    wf = workflow_copy(tmp_path_factory.mktemp("emulated"))
-    (wf / "config" / "emulated.yaml").write_text(yaml.safe_dump(EMULATED))
-    cfg = "config/emulated.yaml"
-    proc = subprocess.run(
-        ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}",
-         "--report", "results/report.html", "--report-after-run"],
-        cwd=wf, env=test_env(), capture_output=True, text=True, timeout=LOCAL_RUN_TIMEOUT_S,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return wf, cfg
+    return local_sweep(tmp_path_factory.mktemp("emulated"), EMULATED, "emulated.yaml")
 
 
 @pytest.fixture(scope="session")

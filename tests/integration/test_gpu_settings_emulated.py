@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 
 import pandas as pd
 import pytest
-import yaml
 from jobspec import job_spec, limits
 
 from energysweep.hw import emulated, nvml
@@ -31,7 +29,7 @@ from energysweep.job.spec import JobDir
 from energysweep.launch import gpu_guard
 from energysweep.launch.job import JobFailed, run_job
 
-from conftest import test_env, workflow_copy
+from conftest import local_sweep
 
 pytestmark = [pytest.mark.integration]
 TIMEOUT_S = 900
@@ -94,17 +92,9 @@ def _target_sm(clock: str) -> int:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    wf = workflow_copy(tmp_path_factory.mktemp("gpu-settings"))
-    (wf / "config" / "test.yaml").write_text(yaml.safe_dump(CONFIG))
-    proc = subprocess.run(
-        ["snakemake", "--profile", "profiles/local", "--configfile=config/test.yaml"],
-        cwd=wf,
-        env=test_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+    wf, _ = local_sweep(
+        tmp_path_factory.mktemp("gpu-settings"), CONFIG, report=False, timeout_s=TIMEOUT_S
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
     return wf
 
 

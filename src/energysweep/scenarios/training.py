@@ -2,7 +2,8 @@
 
 :class:`TrainingScenario` runs the point loop of :class:`energysweep.scenarios.base.Scenario`; each
 grid point (batch size) is a fresh short training run: the checkpoint is loaded again,
-``warmup_steps`` unmeasured optimizer steps run, then ``repetitions`` windows of ``steps``
+unmeasured optimizer steps run until step time is steady (at least ``warmup_steps``;
+energysweep.measure.warmup), then ``repetitions`` windows of ``steps``
 optimizer steps each, training continuing from window to window.
 
 How a layout trains (one rank = one process under torchrun; ``batch_size`` is per replica and the
@@ -93,8 +94,8 @@ class TrainingScenario(Scenario):
     def prepare(self, bs: int) -> None:
         self.last_step_losses = []
         self.trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
-        for _ in range(self.cfg.warmup_steps):
-            self.trainer.step()
+        trainer = self.trainer
+        self.warm_up(bs, lambda _: trainer.step(), self._sync, self.cfg.warmup_steps)
         if self.cfg.warmup_steps:
             self.trainer.take_losses()
 

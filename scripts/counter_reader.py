@@ -113,6 +113,8 @@ def record(args) -> int:
                 f.flush()
                 flushed = time.monotonic()
             next_t += period
+            if next_t < time.monotonic() - period:  # a slow read (185 ms seen): no catch-up burst
+                next_t = time.monotonic()
             time.sleep(max(0.0, next_t - time.monotonic()))
     return 0
 

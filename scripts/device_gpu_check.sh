@@ -39,7 +39,7 @@ else
   say "WARNING: no .whl/*.whl here: Snakemake and Zeus must already be importable"
 fi
 export PYTHONPATH="$SITE:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-python3 - <<'PY' || say "WARNING: an import failed (above); the check will say where it stops"
+"${GPU_CHECK_PYTHON:-python3}" - <<'PY' || say "WARNING: an import failed (above); the check will say where it stops"
 import importlib, sys
 print("python", sys.version.split()[0], sys.executable)
 for name in ("torch", "transformers", "snakemake", "zeus", "pandas", "pyarrow", "pynvml",
@@ -56,15 +56,18 @@ PY
 
 # The check: preflight (10 s), the sweep (bounded by --timeout), the table. The outer timeout is
 # a backstop; SIGTERM makes the check stop its sweep and reader before it exits.
-ARGS="--timeout ${GPU_CHECK_SWEEP_S:-300}"
+# GPU_CHECK_PYTHON / GPU_CHECK_EXTRA: another interpreter, more arguments (the script's own test
+# runs it on the emulated node with .venv's python: GPU_CHECK_EXTRA=--emulated).
+PY=${GPU_CHECK_PYTHON:-python3}
+ARGS="--timeout ${GPU_CHECK_SWEEP_S:-320} ${GPU_CHECK_EXTRA:-}"
 if command -v make >/dev/null; then
   say "make gpu-check USE_SYSTEM_PYTHON=1"
-  timeout -k 20 "${GPU_CHECK_LIMIT_S:-370}" make --no-print-directory gpu-check \
-    USE_SYSTEM_PYTHON=1 PYTHON=python3 GPU_CHECK_ARGS="$ARGS"
+  timeout -k 20 "${GPU_CHECK_LIMIT_S:-380}" make --no-print-directory gpu-check \
+    USE_SYSTEM_PYTHON=1 PYTHON="$PY" GPU_CHECK_ARGS="$ARGS"
 else  # the same command as the Makefile's USE_SYSTEM_PYTHON=1 recipe
   say "no make here: python3 -m energysweep.validity.gpu_check (the Makefile's command)"
-  SLURM_CONF=/dev/null timeout -k 20 "${GPU_CHECK_LIMIT_S:-370}" \
-    python3 -m energysweep.validity.gpu_check --workflow "$PWD" $ARGS
+  SLURM_CONF=/dev/null timeout -k 20 "${GPU_CHECK_LIMIT_S:-380}" \
+    "$PY" -m energysweep.validity.gpu_check --workflow "$PWD" $ARGS
 fi
 rc=$?
 say "make gpu-check exited $rc"

@@ -88,3 +88,31 @@ def test_it_imports_none_of_energysweeps_energy_code():
     text = (ROOT / "scripts/counter_reader.py").read_text()
     imports = [line.strip() for line in text.splitlines() if "import " in line]
     assert not [i for i in imports if "energysweep" in i and "hw.emulated" not in i]
+
+
+def test_on_the_h200s_own_reads_it_agrees_with_that_sessions_reader():
+    """The H200 run 3's 100 Hz reads (tests/data/h200-run3): windows and idle as that
+    session's independent reader found them (median 0.12% / worst 0.51% ours, 0.92% / 1.56%
+    Zeus with a -0.79% bias; idle 122.4 / 121.3 W)."""
+    import pandas as pd
+
+    data = ROOT / "tests" / "data" / "h200-run3"
+    s = pd.read_csv(data / "samples.csv.gz")
+    taus, vals = reader.refreshes(list(zip(s["t_ns"], s["energy_mj"], strict=True)))
+    w = pd.read_csv(data / "windows.csv")
+    got = [
+        reader.interval_energy_j(taus, vals, a, b)
+        for a, b in zip(w["window_start_ns"], w["window_end_ns"], strict=True)
+    ]
+    ind = pd.Series(got, dtype=float)
+    ours = (w["gpu_energy_mj"] / 1e3 - ind) / ind * 100
+    zeus = (w["gpu_energy_mj_zeus"] / 1e3 - ind) / ind * 100
+    assert len(w) == 18 and ind.notna().all()
+    assert ours.abs().median() == pytest.approx(0.12, abs=0.03) and ours.abs().max() < 0.6
+    assert zeus.abs().median() == pytest.approx(0.92, abs=0.1) and zeus.mean() < -0.6
+    idle = pd.read_csv(data / "idle.csv")
+    watts = [
+        reader.interval_energy_j(taus, vals, a, b) / ((b - a) / 1e9)
+        for a, b in zip(idle["idle_start_ns"], idle["idle_end_ns"], strict=True)
+    ]
+    assert watts == pytest.approx([122.4, 121.3], abs=0.5)

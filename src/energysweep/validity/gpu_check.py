@@ -188,8 +188,12 @@ def sweep_figures(wf: Path, workdir: Path, emulated: bool) -> dict:
 
     results = wf / "results"
     jobs = [json.loads(p.read_text()) for p in JobDir.find(results / "shards", "job_json")]
-    energy = pd.read_parquet(results / "energy.parquet")
-    summary = pd.read_csv(results / "summary.csv")
+    if not jobs:
+        raise RuntimeError("no job of the sweep finished (job.json): see the sweep's log")
+    # Every published job's table (what the merge reads), so that a sweep stopped by --timeout
+    # after a job still gives that job's figures.
+    tables = JobDir.find(results / "shards", "job_table")
+    energy = pd.concat([pd.read_parquet(p) for p in tables], ignore_index=True)
     iv = figs.intervals(energy, jobs, emulated)
     iv.to_csv(workdir / "intervals.csv", index=False)
     argv = [sys.executable, str(wf / READER), "energy",
@@ -199,12 +203,12 @@ def sweep_figures(wf: Path, workdir: Path, emulated: bool) -> dict:
     subprocess.run(argv, check=True, timeout=300)
     read = pd.read_csv(workdir / "read.csv", dtype={"source": str}, keep_default_na=False)
     read = read.replace("", None)
-    shutil.copy2(results / "summary.csv", workdir / "summary.csv")
-    return {
-        "energy": figs.energy_figures(read),
-        "verdict": figs.verdict_figures(summary, set(REASONS)),
-        "jobs": figs.job_figures(jobs),
-    }
+    out = {"energy": figs.energy_figures(read), "jobs": figs.job_figures(jobs)}
+    if (results / "summary.csv").exists():
+        shutil.copy2(results / "summary.csv", workdir / "summary.csv")
+        summary = pd.read_csv(results / "summary.csv")
+        out["verdict"] = figs.verdict_figures(summary, set(REASONS))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

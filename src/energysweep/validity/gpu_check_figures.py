@@ -206,7 +206,10 @@ def table(fig: dict) -> str:
             f"{_f(r['independent_w'], '.1f')} W over {_f(r['seconds'], '.2f')} s"
         )
     v = fig.get("verdict") or {}
-    if v:
+    if not v:
+        lines.append("verdict: no summary (the sweep did not finish): shared-GPU check and valid "
+                     "points unknown")  # fmt: skip
+    else:
         sh = v["gpu_shared"]
         lines.append(
             "shared-GPU check: "

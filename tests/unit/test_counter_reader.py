@@ -1,4 +1,4 @@
-"""The independent reader of `make gpu-check` (scripts/counter_reader.py): each interval's
+"""The independent reader of `make gpu-check` (scripts/gpu_check/counter_reader.py): each interval's
 energy from 100 Hz reads of a counter that refreshes every 100 ms, against the exact energy."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("counter_reader", ROOT / "scripts/counter_reader.py")
+spec = importlib.util.spec_from_file_location(
+    "counter_reader", ROOT / "scripts/gpu_check/counter_reader.py"
+)
 reader = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reader)
 
@@ -85,7 +87,7 @@ def test_energy_command_adds_the_reading_to_each_interval(tmp_path):
 
 
 def test_it_imports_none_of_energysweeps_energy_code():
-    text = (ROOT / "scripts/counter_reader.py").read_text()
+    text = (ROOT / "scripts/gpu_check/counter_reader.py").read_text()
     imports = [line.strip() for line in text.splitlines() if "import " in line]
     assert not [i for i in imports if "energysweep" in i and "hw.emulated" not in i]
 

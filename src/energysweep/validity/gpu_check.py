@@ -6,8 +6,8 @@
 2. A short sweep at publishable settings (config/gpu-check.yaml: the schema's measurement
    defaults, a 1.1B Llama of TinyLlama's shape with random weights, pytorch backend, inference
    and training, ``energy_source: cross-check``), with an independent reader of the counter
-   running beside it in a process of its own (scripts/counter_reader.py: pynvml at ~100 Hz, none
-   of energysweep's energy code).
+   running beside it in a process of its own (scripts/gpu_check/counter_reader.py: pynvml at
+   ~100 Hz, none of energysweep's energy code).
 3. A table (energysweep.validity.gpu_check_figures): our window energy and Zeus's against the
    independent reading, idle power against it, the shared-GPU check, valid points and the
    reasons of the others, the jobs' window fraction. All of it goes to ``--out``
@@ -35,7 +35,7 @@ from energysweep.validity import gpu_check_figures as figs
 
 SWEEP_CONFIG = "config/gpu-check.yaml"
 WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src", "envs")
-READER = "scripts/counter_reader.py"
+READER = "scripts/gpu_check/counter_reader.py"
 EMULATED_ENV = "ENERGYSWEEP_EMULATED_NVML"  # energysweep.hw.emulated.ENV
 
 

@@ -1,7 +1,7 @@
 """The figures of ``make gpu-check`` from a finished sweep, and the table it prints.
 
 Pure functions over the sweep's published tables (energy.parquet, summary.csv, every job.json)
-and the independent reader's interval energies (scripts/counter_reader.py ``energy``):
+and the independent reader's interval energies (scripts/gpu_check/counter_reader.py ``energy``):
 
 - our window energy and Zeus's against the independent reading of the same counter, in signed %
   of it (median / p90 / max of |error|, mean signed error);

@@ -237,17 +237,32 @@ def _terminated(signum, frame):
     raise SystemExit(f"gpu-check: stopped by signal {signum}")
 
 
+def _node(seconds: float) -> dict:
+    """The preflight's figures beside the profile's, printed; its error instead where it
+    failed (the check goes on to the sweep: one run on a lent GPU must say as much as it can)."""
+    try:
+        measured = node_figures(seconds)
+    except (Exception, SystemExit) as exc:
+        print(f"gpu-check: the preflight failed: {exc}", file=sys.stderr, flush=True)
+        return {"preflight_error": f"{type(exc).__name__}: {exc}"}
+    key = profile_for(measured["gpu"])
+    print(f"GPU {measured['gpu']}: measured on {os.uname().nodename}, against profile {key}")
+    try:
+        print(profile_table(measured, key), flush=True)
+    except Exception as exc:  # a profile without one of these figures: say so, go on
+        print(f"(no comparison with profile {key}: {exc!r})", flush=True)
+    return {"node": measured, "profile": key}
+
+
 def _report(args) -> int:
     """Preflight, then the sweep and its figures; print the tables; write the JSON."""
     t0 = time.monotonic()
     workflow = Path(args.workflow).resolve()
     workdir = Path(args.workdir).resolve()
-    measured = node_figures(args.seconds)
-    key = profile_for(measured["gpu"])
-    print(f"GPU {measured['gpu']}: measured on {os.uname().nodename}, against profile {key}")
-    print(profile_table(measured, key), flush=True)
-    out = {"emulated": args.emulated, "node": measured, "profile": key}
-    rc = 0
+    out, rc = {"emulated": args.emulated}, 0
+    out.update(_node(args.seconds))
+    if "preflight_error" in out:
+        rc = 1  # the sweep still runs: its table says more than the preflight would
     if not args.no_sweep:
         workdir.mkdir(parents=True, exist_ok=True)
         out["config"] = prepare_workflow(workflow, workdir / "workflow", args.emulated)

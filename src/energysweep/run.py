@@ -122,9 +122,9 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
         # Training loads a trainable copy of the model per grid point (inside its windows'
         # set-up): no job-level load.
         monitor = JobMonitor(job, ctx)
-        scenario = TrainingScenario(job, ctx, prompts, monitor)
+        training = TrainingScenario(job, ctx, prompts, monitor)
         monitor.start()
-        return None, None, monitor, scenario
+        return None, None, monitor, training
     from energysweep.scenarios.inference import InferenceScenario
 
     t_load = time.time()
@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     # Engine start-up per rank (vLLM: import, engine init, compile), taken before any window.
     startups = dist.gather(getattr(backend, "startup", None))
     if ctx.rank == 0:
+        if job_table_rows is None or samples is None:  # rank 0 holds both (_measure, gather)
+            raise RuntimeError("rank 0 holds no job table or no power samples")
         write_generations(generations, job.outputs.generations)
         write_power([s for rank in samples for s in rank], job.outputs.power, monitor.sampler_hz)
         wall_s = time.time() - t_start

@@ -44,7 +44,7 @@ rule measure:
         "../scripts/measure.py"
 
 
-# A serving job (energysweep.scenarios.serving): the same step, one shard per batch cap and
+# A serving job (energysweep.scenarios.serving.scenario): the same step, one shard per batch cap and
 # repetition (each holds every load level's window of that repetition).
 use rule measure as serve with:
     output:

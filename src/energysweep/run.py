@@ -180,17 +180,8 @@ def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int
     return job_table.num_rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="the launched job (JobDir.spec_file)")
-    args = parser.parse_args(argv)
-    job = LaunchedJob.load(args.spec)
-    t_start = time.time()
-    ctx, audits, seeds = _start_ranks(job)
-    gpus = _gpus_measured(job, ctx)
-    # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
-    owner = hw_nvml.attach(gpus, pids=_gpu_load(job))
-    # Fail closed (measurement.require_energy) before the model is loaded.
+def _fail_closed(job: LaunchedJob, ctx: dist.RankContext, gpus: list[str]) -> None:
+    """measurement.require_energy, checked on every rank before the model is loaded."""
     from energysweep.validity.require import check_job
 
     check_job(
@@ -203,6 +194,18 @@ def main(argv: list[str] | None = None) -> int:
         gather=dist.gather,
     )
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="the launched job (JobDir.spec_file)")
+    args = parser.parse_args(argv)
+    job = LaunchedJob.load(args.spec)
+    t_start = time.time()
+    ctx, audits, seeds = _start_ranks(job)
+    gpus = _gpus_measured(job, ctx)
+    # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
+    owner = hw_nvml.attach(gpus, pids=_gpu_load(job))
+    _fail_closed(job, ctx, gpus)
     from energysweep.energy.sampler import write_power
     from energysweep.measure.provenance import job_environment
     from energysweep.scenarios.prompts import load_prompts

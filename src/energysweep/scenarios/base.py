@@ -109,7 +109,7 @@ class Scenario(ABC):
         self.window_ns_total += w["end"] - w["start"]
         return w
 
-    def warm_up(self, bs: int, step, synchronize, min_iterations: int) -> None:
+    def warm_up_until_steady(self, bs: int, step, synchronize, min_iterations: int) -> None:
         """Unmeasured iterations of ``step`` until iteration time is steady (bounded), recorded
         in :attr:`warmups` (energysweep.measure.warmup)."""
         bound = max_seconds(self.m.warmup_max_s, self.min_window_s)

@@ -81,11 +81,11 @@ class InferenceScenario(Scenario):
         def step(it: int) -> None:
             self._generate(batches[it % len(batches)][1], self.wl.output_tokens)
 
-        self.warm_up(bs, step, self.backend.synchronize, self.wl.warmup_iterations)
+        self.warm_up_until_steady(bs, step, self.backend.synchronize, self.wl.warmup_iterations)
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
         batches = self._point_batches
-        record = [] if rep == 0 else None
+        record: list | None = [] if rep == 0 else None
         self.sleep(cooldown_s)
         w = self.window(batches, self.wl.output_tokens, record)
         rows = self._rows(bs, rep, Phase.GENERATE, w)

@@ -33,6 +33,7 @@ class Thresholds:
     exploratory: bool
 
     @classmethod
-    def from_config(cls, section: dict) -> Thresholds:
-        """The validated config's ``validity`` section (every key present: defaults filled)."""
+    def from_config(cls, section: dict | None) -> Thresholds:
+        """The validated config's ``validity`` section (every key present: defaults filled); a
+        missing one (None) is an error naming it."""
         return load_section(cls, section, "validity")

@@ -8,6 +8,8 @@ Stages, one module each:
 - :mod:`.points`: windows -> one row per grid point (medians over ok repetitions, the
   prefill/decode split, training figures), with :mod:`.bootstrap` CIs of the median;
 - :mod:`.nulls`: every null in the summary is explained by a status column;
+- :mod:`.overlap`: windows of different jobs on one GPU UUID at the same time (flagged for the
+  verdict's ``gpu_shared``, nothing dropped);
 - :mod:`.publish`: all outputs staged beside their names, then renamed (all or nothing).
 
 The validity verdict is a later stage (:mod:`energysweep.validity`);

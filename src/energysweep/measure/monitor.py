@@ -9,6 +9,7 @@ from energysweep.energy import GpuReading, make_source, wall_ns
 from energysweep.energy.node import NodeSource
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.gpu_processes import ProcessProbe
 from energysweep.measure.settings import SettingsProbe
 from energysweep.tables.status import EnergyStatus
 
@@ -56,6 +57,8 @@ class JobMonitor:
         self.host = make_host_source(self.m.host_energy_source, ctx.local_rank)
         # The job's GPU power limit and clocks, read back around every window.
         self.settings = SettingsProbe(job.gpu, self.gpu_uuids)
+        # Who else computes on the rank's GPUs, read around every window (gpu_shared).
+        self.processes = ProcessProbe(self.gpu_uuids)
         # The node's energy where Slurm gathers it (the boundary ladder's node rung).
         self.node = NodeSource(ctx.rank)
         self.sampler_hz = float(self.m.sampler_hz)
@@ -156,3 +159,4 @@ class JobMonitor:
         self.energy.close()
         self.host.close()
         self.settings.close()
+        self.processes.close()

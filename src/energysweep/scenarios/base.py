@@ -102,6 +102,7 @@ class Scenario(ABC):
             cpu=self.cpu,
             settings=self.monitor.settings,
             node=self.monitor.node,
+            processes=self.monitor.processes,
         )
         self.window_ns_total += w["end"] - w["start"]
         return w

@@ -222,13 +222,19 @@ class ServingScenario(Scenario):
             # and the GPU counters' refreshes awaited (energy/ticks.py) before the start edge:
             # the edge is where the counters' start values are taken.
             settings = m.settings.read()
+            processes = m.processes.read()
             m.node.begin()
             m.energy.prepare()
             start = wall_ns()
             m.energy.begin()
             m.host.begin()
             self.server_cpu.begin()
-            return {"wall_ns": start, "metrics": read_counters(), "settings": settings}
+            return {
+                "wall_ns": start,
+                "metrics": read_counters(),
+                "settings": settings,
+                "processes": processes,
+            }
 
         def on_close():
             end = wall_ns()
@@ -240,6 +246,7 @@ class ServingScenario(Scenario):
                 "cpu_s": cpu_s,
                 "metrics": read_counters(),
                 "settings": m.settings.read(),
+                "processes": m.processes.read(),
                 "node": m.node.end(),
             }
 
@@ -344,6 +351,7 @@ class ServingScenario(Scenario):
             "host": run.closed["host"],
             "cpu_s": run.closed["cpu_s"],
             "settings": (run.opened["settings"], run.closed["settings"]),
+            "processes": (run.opened["processes"], run.closed["processes"]),
             "node": run.closed["node"],
             "tin": stats["input_tokens"],
             "tout": stats["output_tokens"],

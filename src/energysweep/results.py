@@ -104,7 +104,6 @@ def aggregate(
             table.select(verdict.ROW_COLUMNS).to_pandas(),
             jobs or [],
             verdict.Thresholds.from_config(validity_config),
-            # Windows of different jobs on one GPU at once (flagged, nothing dropped).
             overlap.shared_windows(table.select(overlap.ROW_COLUMNS).to_pandas()),
         )
     # (output path, writer of a temp file beside it), in publishing order.

@@ -236,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "rank0_wall_s": wall_s,
                 "model_load_s": load_s,
-                "idle_baseline_s": monitor.idle_window_s,
-                "idle_start_ns": monitor.idle_ns[0],
-                "idle_end_ns": monitor.idle_ns[1],
+                **monitor.idle_timing(),
                 "window_s": window_ns[0] / 1e9,
                 "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
                 "backend_startup": startups if any(startups) else None,

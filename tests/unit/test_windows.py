@@ -15,6 +15,7 @@ from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure import monitor as monitor_mod
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
 from energysweep.scenarios.inference import InferenceScenario
@@ -162,17 +163,21 @@ def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
     make, clock, gpu = gpu_rank
     measurer, backend = make()
     measurer.monitor.start(backend.synchronize)
-    assert clock.sleeps == [2.0]  # the idle baseline, before any window
+    assert clock.sleeps == []  # the idle baseline comes after the warm-up
     reps = measurer.point(4)
     assert len(reps) == 2
-    # Cooldown before every window (generate and prefill of each repetition).
-    assert clock.sleeps[1:] == [0.5] * 4
+    # The idle baseline (after the settle's polls), then a cooldown before every window
+    # (generate and prefill of each repetition).
+    assert [s for s in clock.sleeps if s >= 0.1] == [2.0] + [0.5] * 4
     rows = [r for rep in reps for r in rep]
     assert [r["phase"] for r in rows] == ["generate", "prefill"] * 2
     assert {n for _, n in backend.calls} == {16, 1}  # warm-up + generate use 16, prefill 1
     for r in rows:
         assert r["idle_gpu_power_w"] == pytest.approx(GPU_IDLE_W)
-        assert r["idle_gpu_power_status"] == "measured" and r["idle_window_s"] == 2.0
+        assert r["idle_gpu_power_status"] == "measured"
+        assert r["idle_window_s"] == pytest.approx(2.0)  # the sleep: no alignment wait in it
+        # Steady power from the start: settled after one trailing interval.
+        assert r["idle_settle_s"] == pytest.approx(monitor_mod.SETTLE_TRAILING_S, abs=0.1)
         assert r["gpu_uuid"] == gpu.uuid and r["energy_source"] == "nvml"
         assert (
             r["model_parameters"] == TINY_PARAMETERS and r["model_parameters_method"] == "counted"

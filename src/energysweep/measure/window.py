@@ -47,14 +47,12 @@ def measure_window(
             before the start edge and right after the end edge, outside the window's energy.
         node: the rank's node energy source (energysweep.energy.node), read at the same
             moments (a Slurm query: too slow to sit inside the window).
-        processes: the rank's GPU process probe (energysweep.measure.gpu_processes), read at
-            the same moments: who else computes on the rank's GPUs.
+        processes: who else computes on the rank's GPUs (measure.gpu_processes), read so too.
 
     Returns:
         The window's edges (ns, ``start``/``end``), its ``iterations`` and its energy
         (``readings``), ``host`` and CPU-time (``cpu_s``) readings, and the GPU settings read
-        at both edges (``settings``), and the GPUs' process lists at both edges
-        (``processes``).
+        at both edges (``settings``), and the GPUs' process lists there (``processes``).
     """
     before = settings.read() if settings is not None else None
     procs_before = processes.read() if processes is not None else None

@@ -1,14 +1,14 @@
 """Which processes compute on which emulated GPU: the node's process list.
 
 A real GPU lists every process with a compute context on it
-(``nvmlDeviceGetComputeRunningProcesses``), whichever job or user started it. The emulated node keeps the same list node-wide, across the
-jobs of a sweep (each has its own state directory but the same GPUs: hw/emulated/node.py names a
-GPU by host and index): one empty file ``<dir>/<host>/<uuid>/<pid>`` per process on a GPU, in the
-node-local directory :data:`ENV` names (default :data:`DEFAULT_DIR`). A GPU's owner (a rank,
-hw/emulated/owner.py) registers itself while it owns the GPU; a process that is not a job's
-(a test's "foreign" process) registers with :func:`register` or ``python -m
-energysweep.hw.emulated.processes --uuid GPU-... --seconds S``. Dead processes drop out of the
-list (their files are removed when it is read).
+(``nvmlDeviceGetComputeRunningProcesses``), whichever job or user started it. The emulated node
+keeps the same list node-wide, across the jobs of a sweep (each has its own state directory but
+the same GPUs: hw/emulated/node.py names a GPU by host and index): one empty file
+``<dir>/<host>/<uuid>/<pid>`` per process on a GPU, in the node-local directory :data:`ENV`
+names (default :data:`DEFAULT_DIR`). A GPU's owner (a rank, hw/emulated/owner.py) registers
+itself while it owns the GPU; a process that is not a job's (a test's "foreign" process)
+registers with :func:`register` or ``python -m energysweep.hw.emulated.processes --uuid GPU-...
+--seconds S``. Dead processes drop out of the list (their files are removed when it is read).
 """
 
 from __future__ import annotations

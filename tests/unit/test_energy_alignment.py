@@ -128,16 +128,16 @@ def test_a_slow_edge_read_is_retried_then_reported():
     ``slow_s`` (its time uncertain by as much) is skipped for the next refresh; after
     SLOW_RETRIES slow ones it is used, and the slow read is reported (``slowest``)."""
     t = [0.0]
-    slow_reads = {"left": 0}
+    reads = {"n": 0, "slow": set()}  # which reads (by number) take 60 ms
 
     def sleep(s):
         t[0] += s
 
     def read():
         t0 = t[0]
-        if slow_reads["left"] > 0:  # this read takes 60 ms (the H200: 185 ms once, under load)
-            slow_reads["left"] -= 1
-            t[0] += 0.06
+        reads["n"] += 1
+        if reads["n"] in reads["slow"] or "all" in reads["slow"]:
+            t[0] += 0.06  # the H200 took 185 ms once, under load
         value = int((round(t[0], 6) - 0.0305) // 0.1) * 1000
         return [(value, t0, t[0])]
 
@@ -145,18 +145,17 @@ def test_a_slow_edge_read_is_retried_then_reported():
     worst: list[float] = []
     _, seen = ticks.refreshes(read, 2, lambda: t[0], sleep, timeout_s=0.5, slowest=worst)
     assert len(seen[0]) == 2 and worst[0] < ticks.SLOW_READ_S
-    # Every read slow: each refresh is skipped SLOW_RETRIES times, then used and reported.
-    slow_reads["left"] = 10**6
-    worst = []
-    _, seen = ticks.refreshes(read, 1, lambda: t[0], sleep, timeout_s=2.0, slowest=worst)
-    assert len(seen[0]) == 1 and worst[0] == pytest.approx(0.06)
-    # One slow read at a refresh: skipped, the next refresh (fast) is used.
-    slow_reads["left"] = 0
-    t[0] = 0.0995  # the next read spans the refresh at 0.1305 only if slow
-    slow_reads["left"] = 1
+    # The read that sees a refresh is slow: that refresh is skipped, the next one (read fast)
+    # is used, at its time.
+    t[0], reads["n"], reads["slow"] = 0.128, 0, {3}  # read 3 spans the refresh at 0.1305
     worst = []
     _, seen = ticks.refreshes(read, 1, lambda: t[0], sleep, timeout_s=0.5, slowest=worst)
     assert seen[0][0][1] == pytest.approx(0.2305, abs=0.002) and worst[0] < ticks.SLOW_READ_S
+    # Every read slow: each refresh is skipped SLOW_RETRIES times, then used and reported.
+    reads["slow"] = {"all"}
+    worst = []
+    _, seen = ticks.refreshes(read, 1, lambda: t[0], sleep, timeout_s=2.0, slowest=worst)
+    assert len(seen[0]) == 1 and worst[0] == pytest.approx(0.06)
 
 
 def test_nvml_source_flags_a_window_whose_edge_read_was_slow(tmp_path, monkeypatch):

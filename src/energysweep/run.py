@@ -75,7 +75,7 @@ def _gpus_measured(job: LaunchedJob, ctx: dist.RankContext) -> list[str]:
     """The GPUs this process measures: its own device's, or a serving client's every GPU of the
     job (by NVML alone: the client must not open a CUDA context on its server's GPUs)."""
     if job.key.scenario == SERVING:
-        from energysweep.scenarios.serving_client import ServedGpus
+        from energysweep.scenarios.serving.client import ServedGpus
 
         served = ctx.device.startswith("cuda") or hw_nvml.emulated()
         return ServedGpus(ctx.layout.world_size).gpu_uuids() if served else []
@@ -143,8 +143,8 @@ def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     from functools import partial
 
     from energysweep.launch.server import server_for_job
-    from energysweep.scenarios.serving import ServingScenario
-    from energysweep.scenarios.serving_client import ServedGpus
+    from energysweep.scenarios.serving.client import ServedGpus
+    from energysweep.scenarios.serving.scenario import ServingScenario
 
     make_server = partial(
         server_for_job, job, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")

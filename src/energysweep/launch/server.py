@@ -188,7 +188,7 @@ def _suffix(title: str, tag: str) -> int:
 def server_pids() -> list[int]:
     """Every live process of this client's server (none between servers): the client's
     descendants (module docstring). The load generator is no process of its own: it runs in the
-    client's event loop (scenarios/serving_load.py), so it is never among them."""
+    client's event loop (scenarios/serving/load.py), so it is never among them."""
     return procs.descendants(os.getpid())
 
 

@@ -3,12 +3,12 @@
 One process (the client, our code) runs the whole job. Per batch cap (the engine's
 ``max_num_seqs``; a change of cap restarts the server, its cost recorded in job.json):
 
-1. start the engine's server with the layout's tp/pp/dp (:mod:`.serving_server`), wait for it to
+1. start the engine's server with the layout's tp/pp/dp (energysweep.launch.server), wait for it to
    be healthy (bounded), warm it up with ``workload.warmup_iterations`` rounds of cap x dp
    concurrent requests, and ask it once, unstreamed, for the greedy tokens of the first cap
    prompts (``generations.parquet``: they must equal the offline engine's);
 2. per repetition, for every load level in ascending order: a cooldown, then one load run
-   (:mod:`.serving_load`): ramp, a window on the steady state bracketed by the energy counters,
+   (:mod:`.load`): ramp, a window on the steady state bracketed by the energy counters,
    the server's CPU time and its /metrics counters, then the drain;
 3. stop the server (every one of its processes) and copy its log into the rule's log.
 
@@ -30,21 +30,21 @@ from energysweep.energy import wall_ns
 from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
 from energysweep.scenarios.base import Scenario
-from energysweep.scenarios.serving_client import (
+from energysweep.scenarios.serving.client import (
     Watchdog,
     greedy_tokens,
     vllm_arrivals,
     vllm_sender,
 )
-from energysweep.scenarios.serving_load import CONCURRENCY, RATE, LoadPoint, run_load
-from energysweep.scenarios.serving_probes import (
+from energysweep.scenarios.serving.load import CONCURRENCY, RATE, LoadPoint, run_load
+from energysweep.scenarios.serving.probes import (
     METRICS,
     QueueSamples,
     ServerCpuTime,
     parse_metrics,
     queue_time_mean_s,
 )
-from energysweep.scenarios.serving_stats import request_phase, window_stats
+from energysweep.scenarios.serving.stats import request_phase, window_stats
 from energysweep.tables import requests
 from energysweep.tables.phases import Phase
 from energysweep.util.http import http_get
@@ -341,7 +341,7 @@ class ServingScenario(Scenario):
 
     # ------------------------------------------------------------------ rows
     def _window_rows(self, cap, rep, point: LoadPoint, run, stats: dict) -> list[dict]:
-        from energysweep.scenarios.serving_rows import serving_columns
+        from energysweep.scenarios.serving.rows import serving_columns
 
         w = {
             "start": run.opened["wall_ns"],
@@ -365,7 +365,7 @@ class ServingScenario(Scenario):
         return rows
 
     def _log_requests(self, cap, point, rep, records, phase, run=None) -> None:
-        from energysweep.scenarios.serving_rows import request_rows
+        from energysweep.scenarios.serving.rows import request_rows
 
         self.request_rows += request_rows(
             self.job,

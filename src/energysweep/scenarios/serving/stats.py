@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from energysweep.scenarios.serving_load import LoadRun, RequestRecord
+from energysweep.scenarios.serving.load import LoadRun, RequestRecord
 
 
 def _pct(values: list[float], q: float) -> float | None:

@@ -2,7 +2,7 @@
 
 - :func:`vllm_arrivals`: arrival times from ``vllm.benchmarks.serve.get_request``;
 - :func:`vllm_sender`: one request through ``vllm.benchmarks.lib.endpoint_request_func``
-  (streamed OpenAI completions), as a :class:`.serving_load.RequestRecord`;
+  (streamed OpenAI completions), as a :class:`.load.RequestRecord`;
 - :func:`greedy_tokens`: the token ids a server generates for prompts, unstreamed (vLLM's
   ``return_token_ids``), for the comparison with the offline backends;
 - :class:`Watchdog`: the client's bound on its own stalls;
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from energysweep.scenarios.serving_load import Arrivals, RequestRecord, Sender
+from energysweep.scenarios.serving.load import Arrivals, RequestRecord, Sender
 
 
 def vllm_arrivals(seed: int) -> Arrivals:

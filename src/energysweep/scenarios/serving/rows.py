@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from energysweep.job.sections import Workload
 from energysweep.job.spec import LaunchedJob
-from energysweep.scenarios.serving_load import CONCURRENCY, LoadPoint, LoadRun, RequestRecord
+from energysweep.scenarios.serving.load import CONCURRENCY, LoadPoint, LoadRun, RequestRecord
 
 # Client-side timings: vLLM's request function, at the arrival of each streamed chunk.
 REQUEST_SOURCE = "client: vllm.benchmarks request function (streamed chunk arrival times)"

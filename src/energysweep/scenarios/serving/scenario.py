@@ -12,9 +12,9 @@ One process (the client, our code) runs the whole job. Per batch cap (the engine
    the server's CPU time and its /metrics counters, then the drain;
 3. stop the server (every one of its processes) and copy its log into the rule's log.
 
-The idle baseline is measured once per job with the first server up, warmed up and idle. A grid point is
-(batch cap, load); each repetition of it is one window: one shard row per GPU of the job (the
-client measures all of them; the server's processes compute on them). Every request goes to
+The idle baseline is measured once per job with the first server up, warmed up and idle. A grid
+point is (batch cap, load); each repetition of it is one window: one shard row per GPU of the
+job (the client measures all of them; the server's processes compute on them). Every request goes to
 ``requests.parquet`` with its phase (warmup, ramp, window, drain). Any failure (the server does
 not start, dies, stops answering; the client stalls) fails the job with the server's log.
 """

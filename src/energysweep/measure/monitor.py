@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from energysweep import dist
 from energysweep.energy import GpuReading, make_source, ticks, wall_ns
@@ -71,9 +72,10 @@ class JobMonitor:
         self.clock = clock
         self.sleep = sleep
         # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
-        self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
-        if self.gpu_uuids is None:
-            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
+        named = backend.gpu_uuids() if backend is not None else None
+        self.gpu_uuids: list[str] = (
+            named if named is not None else hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
+        )
         self.energy = make_source(self.m.energy_source, ctx.device, self.gpu_uuids)
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)
@@ -96,7 +98,8 @@ class JobMonitor:
             None: (None, EnergyStatus.NOT_MEASURED)
         }
         self._idle_done = False
-        self._synchronize = None  # set by start(): before it, no idle baseline
+        # Set by start(): before it, no idle baseline.
+        self._synchronize: Callable[[], None] | None = None
         self.idle_host: tuple[float | None, str] = (None, EnergyStatus.NOT_MEASURED)
         self.env_start: list[dict] = []
         self.env_end: list[dict] = []

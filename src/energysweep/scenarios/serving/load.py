@@ -98,7 +98,9 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """(e2e - TTFT) / (n - 1), as vLLM's benchmark computes it; None for n < 2."""
-        if not self.success or self.generated_tokens < 2 or self.ttft_s is None:
+        if not self.success or self.generated_tokens < 2:
+            return None
+        if self.ttft_s is None or self.latency_s is None:
             return None
         return (self.latency_s - self.ttft_s) / (self.generated_tokens - 1)
 

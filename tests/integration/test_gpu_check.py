@@ -22,7 +22,7 @@ def test_gpu_check_prints_measured_figures_beside_the_profile(tmp_path):
             "--seconds", "3", "--workflow", str(ROOT), "--out", str(out)]  # fmt: skip
     proc = subprocess.run(argv, env=test_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "against profile h100-sxm" in proc.stdout
+    assert "against profile h200-sxm" in proc.stdout  # the default emulated GPU
     for line in ("counter refresh period (s)", "energy read latency (s)", "idle power (W)",
                  "Zeus / NVML energy"):  # fmt: skip
         assert line in proc.stdout

@@ -113,6 +113,8 @@ class Owner:
         now = node.clock()
         self._truth: dict[int, list[tuple]] = {}
         self._energy: dict[int, float] = {}
+        self._last: dict[int, tuple[int, float, float, int]] = {}  # (t, W, MHz, reasons)
+        self._idle_w = physics.owned_idle_w(self.prof)  # a context is up while it owns
         for v in self.views:
             prev = v.state.get("owner_pid")
             if prev and prev != self.pid and pid_alive(prev):
@@ -138,6 +140,21 @@ class Owner:
             (t.astype(np.int64), np.asarray(e, float), np.asarray(p, float))
         )
         self._energy[v.index] = float(e[-1])
+        self._last[v.index] = (int(t[-1]), float(p[-1]), float(clock[-1]), int(reasons[-1]))
+
+    def _hold(self, v, before_ns: int) -> None:
+        """Keep the GPU at its last sample's power up to the latest instant a reader read past
+        that sample (``held_ns``; the counter follows wall time, hw/emulated/node.py, and
+        extrapolates at that power): a sample there makes the truth what the reader saw."""
+        t_last, p_last, clock, reasons = self._last[v.index]
+        held = min(v.state.get("held_ns"), before_ns - 1)
+        if held <= t_last:
+            return
+        e = self._energy[v.index] + p_last * (held - t_last) / 1e6
+        self._append(
+            v, np.array([held]), np.array([e]), np.array([p_last]), np.array([clock]),
+            np.array([reasons]),
+        )  # fmt: skip
 
     def step(self, now_ns: int | None = None) -> None:
         """One sample: the activity since the last one sets every owned GPU's power."""
@@ -146,27 +163,41 @@ class Owner:
             if now <= self._t:
                 return
             u = self.activity.fraction(self._t, now)
+            if now_ns is None:  # stamp the sample as late as it is published (see _hold)
+                now = max(now, self.node.clock())
             self.advance(np.array([now], dtype=np.int64), np.array([u]))
 
     def advance(self, t_ns: np.ndarray, activity: np.ndarray) -> None:
         """Samples at times ``t_ns`` (increasing, after the last) with the activities over the
         interval before each: the bulk form of :meth:`step` (the benchmark's virtual time)."""
         t = np.asarray(t_ns, dtype=np.int64)
-        dt = np.diff(np.concatenate([[self._t], t]))
+        for v in self.views:
+            self._hold(v, int(t[0]))
         for v in self.views:
             slow = np.zeros(len(t), dtype=bool)
             if self.node.settings.faults_of("throttle", self.node.host, v.index):
                 slow = np.array([v.in_episode("throttle", int(x)) is not None for x in t])
             p, clock, reasons = physics.true_power(
-                self.prof, activity, v.cap_mhz(), v.power_limit_mw() / 1e3, slow
+                self.prof, activity, v.cap_mhz(), v.power_limit_mw() / 1e3, slow, self._idle_w
             )
-            p = np.broadcast_to(p, t.shape).astype(np.float64)
-            e = self._energy[v.index] + np.cumsum(p * dt / 1e6)  # W * ns / 1e6 = mJ
-            self._append(
-                v, t, e, p, np.broadcast_to(clock, t.shape), np.broadcast_to(reasons, t.shape)
-            )
-            self._record_anchors(v, int(t[-1]))
+            self._integrate(v, t, p, clock, reasons)
         self._t = int(t[-1])
+
+    def replay(self, t_ns: np.ndarray, power_w: np.ndarray) -> None:
+        """Samples of a given true power (W over the interval before each time): a recorded
+        trace replayed (tests/unit/test_emulated_h200.py), clocks at their maximum."""
+        t = np.asarray(t_ns, dtype=np.int64)
+        for v in self.views:
+            self._hold(v, int(t[0]))
+            self._integrate(v, t, np.asarray(power_w, float), self.prof.max_sm_mhz, 0)
+        self._t = int(t[-1])
+
+    def _integrate(self, v, t, p, clock, reasons) -> None:
+        p = np.broadcast_to(p, t.shape).astype(np.float64)
+        dt = np.diff(np.concatenate([[self._last[v.index][0]], t]))
+        e = self._energy[v.index] + np.cumsum(p * dt / 1e6)  # W * ns / 1e6 = mJ
+        self._append(v, t, e, p, np.broadcast_to(clock, t.shape), np.broadcast_to(reasons, t.shape))
+        self._record_anchors(v, int(t[-1]))
 
     def _record_anchors(self, v, now: int) -> None:
         """E at the refresh before each counter fault's latest start, once (readers use it
@@ -180,7 +211,7 @@ class Owner:
             if start is None or v.state.anchor(slot)[0] == start[0] + 1:
                 continue
             start_ns = self.node.settings.epoch_ns + int(round(start[1] * 1e9))
-            v.state.set_anchor(slot, start[0], float(v.energy_mj(v.tick(start_ns)[1], True)))
+            v.state.set_anchor(slot, start[0], float(v.sensor_mj(*v.tick(start_ns))))
 
     # ---------------------------------------------------------------------------- thread
     def start(self) -> Owner:

@@ -42,6 +42,7 @@ _FIELDS = {
     "locked_max_mhz": 56,
     "app_mem_mhz": 64,
     "app_sm_mhz": 72,
+    "held_ns": 80,  # the latest instant a reader read past the owner's newest sample
 }
 _ANCHORS_AT, ANCHOR_SLOTS = 128, 64  # (occurrence int64, energy float64) per fault
 _Q = struct.Struct("<q")

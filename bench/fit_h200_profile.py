@@ -7,7 +7,7 @@ Reads the traces recorded on one NVIDIA H200 (driver 580.159.04; reference/real-
 CUDA context). Prints the constants that hw/emulated/profiles.py holds for ``h200-sxm``, each
 with the figure it comes from; profiles.py names this script as their source.
 
-    .venv/bin/python bench/fit_h200_profile.py [--data DIR]
+    .venv/bin/python bench/fit_h200_profile.py [--data DIR]   # ~5 s (--quick: the same)
 
 What it fits (and how):
 - counter refresh period and jitter: the instants the counter shows a new value (midpoint of the
@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent.parent / "shared" / "data" / "h200"
+# The traces (a copy of ../shared/data/h200/'s probe and run-3 reader, as recorded).
+DATA = ROOT / "tests" / "data" / "h200"
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0)
 
 
@@ -222,6 +223,7 @@ def derive(fits: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--quick", action="store_true", help="the same fit (it is quick)")
     args = ap.parse_args(argv)
     probe, edges, samples = load(args.data)
     fits = {}
@@ -235,6 +237,11 @@ def main(argv=None) -> int:
     fits.update(derive(fits))
     for k, v in fits.items():
         print(f"{k} = {v}")
+    print(
+        f"fit_h200_profile: refresh {fits['counter_period_s']} s, idle {fits['true_idle_w']} / "
+        f"{fits['true_context_idle_w']} W, counter gain {fits['counter_gain']}, averaged power "
+        f"{fits['power_avg_window_s']} s (rms {fits['average_fit_rms_w']} W)"
+    )
     return 0
 
 

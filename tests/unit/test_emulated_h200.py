@@ -139,3 +139,37 @@ def test_idle_without_and_with_a_context_and_hbm_apart(tmp_path):
     assert counter_w(10.0) == pytest.approx(123.9, abs=0.3)
     v = nvml.nvmlDeviceGetFieldValues(h, [(real.NVML_FI_DEV_POWER_INSTANT, 2)])[0]
     assert v.nvmlReturn == real.NVML_SUCCESS and v.value.uiVal == 41_000  # HBM, scope memory
+
+
+def test_the_counter_is_a_sensor_with_gain_offset_noise_and_delay(tmp_path):
+    """Counter delta between two refreshes = gain x true energy between the instants ``delay``
+    before them + offset x time + the two refreshes' noise; the truth stays the truth."""
+    from energysweep.hw.emulated import physics, truth
+
+    node, nvml, clock = make_node(
+        tmp_path, counter_gain=0.98, counter_offset_w=5.0, counter_noise_mj=50.0,
+        counter_delay_s=0.02, counter_jitter_s=0.0,
+    )  # fmt: skip
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    step = lambda t: 1.0 if t >= clock.at(1.05) else 0.0  # noqa: E731 (a step between refreshes)
+    from energysweep.hw import emulated
+
+    owner = Owner(node, [0], emulated.FunctionActivity(step))
+    run_owner(owner, clock, 2.0)
+    view = node.view(0)
+    (ka, ta), (kb, tb) = (view.tick(clock.at(x)) for x in (1.0, 1.3))
+    saved = clock.t
+    clock.t = int(ta)
+    a = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    clock.t = int(tb)
+    b = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    clock.t = saved
+    owner.close()
+    t = truth.Truth.read(tmp_path)
+    d = int(0.02e9)
+    true = float(t.energy_mj(node.gpus[0].uuid, int(ta) - d, int(tb) - d))
+    noise = physics.noise_mj([kb, ka], view.key, 50.0)
+    expected = 0.98 * true + 5.0 * (tb - ta) / 1e6 + noise[0] - noise[1]
+    assert b - a == pytest.approx(float(expected), abs=1.5)  # mJ: the counter is an integer
+    assert abs(noise).max() > 0  # the noise is there (fixed per refresh)

@@ -145,10 +145,13 @@ class GpuView:
         """True energy (mJ since the epoch; negative before it) at wall times ``t_ns``: the
         owner's samples joined linearly (exact: power is constant between samples), idle power
         outside them. After the newest sample the GPU holds that sample's power while its owner
-        lives; a sensor read (``mark``) past it records how far (``held_ns``), and the owner's
-        next sample keeps to that power up to there (hw/emulated/owner.py): what a reader saw of
-        a refresh never changes, however late the owner's sampling thread runs."""
+        lives; a sensor read (``mark``) past it appends a sample there holding that power, under
+        the state's lock, and the owner's next sample starts from it (hw/emulated/owner.py):
+        what a reader saw of a refresh is the truth, however late the owner's thread runs."""
         t = np.asarray(t_ns, dtype=np.int64)
+        live = self.owner_alive() if alive is None else alive
+        if mark and live and t.size:
+            self._hold_through(int(t.max()))
         idle = self.prof.idle_w
         epoch = self.node.settings.epoch_ns
         segs = self.state.segments()
@@ -159,13 +162,22 @@ class GpuView:
         t_last, e_last = segs[-1]["t_ns"][-1], segs[-1]["energy_mj"][-1]
         before = t < t_first
         out = np.where(before, e_first - (t_first - t) * idle / 1e6, out)
-        live = self.owner_alive() if alive is None else alive
         after = t > t_last
         held = float(segs[-1]["power_w"][-1]) if live else idle
         out = np.where(after, e_last + (t - t_last) * held / 1e6, out)
-        if mark and live and after.any() and int(t.max()) > self.state.get("held_ns"):
-            self.state.set("held_ns", int(t.max()))
         return out
+
+    def _hold_through(self, t_ns: int) -> None:
+        """A sample at ``t_ns`` holding the newest sample's power, if the samples end before."""
+        last = self.state.last()
+        if last is None or last["t_ns"] >= t_ns:
+            return
+        with self.state.lock():
+            last = self.state.last()
+            if last["t_ns"] >= t_ns:
+                return
+            e = last["energy_mj"] + (t_ns - last["t_ns"]) * last["power_w"] / 1e6
+            self.state.append(t_ns, e, last["power_w"], last["clock_mhz"], int(last["reasons"]))
 
     # ---------------------------------------------------------------------------- sensors
     def tick(self, t_ns):

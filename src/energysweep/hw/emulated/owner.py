@@ -114,6 +114,7 @@ class Owner:
         self._truth: dict[int, list[tuple]] = {}
         self._energy: dict[int, float] = {}
         self._last: dict[int, tuple[int, float, float, int]] = {}  # (t, W, MHz, reasons)
+        self._count: dict[int, int] = {}  # the state's sample count after this owner's append
         self._idle_w = physics.owned_idle_w(self.prof)  # a context is up while it owns
         for v in self.views:
             prev = v.state.get("owner_pid")
@@ -121,17 +122,18 @@ class Owner:
                 raise RuntimeError(
                     f"emulated GPU {v.ident.uuid} is already owned by process {prev}"
                 )
-            e0 = float(v.energy_mj(now, alive=False))  # idle since the last sample
-            v.state.set("owner_pid", self.pid)
-            v.state.set("attach_ns", now)
-            self._append(
-                v,
-                np.array([now]),
-                np.array([e0]),
-                np.array([self.prof.idle_w]),
-                np.array([self.prof.idle_sm_mhz]),
-                np.array([physics.GPU_IDLE]),
-            )
+            with v.state.lock():
+                e0 = float(v.energy_mj(now, alive=False))  # idle since the last sample
+                v.state.set("owner_pid", self.pid)
+                v.state.set("attach_ns", now)
+                self._append(
+                    v,
+                    np.array([now]),
+                    np.array([e0]),
+                    np.array([self.prof.idle_w]),
+                    np.array([self.prof.idle_sm_mhz]),
+                    np.array([physics.GPU_IDLE]),
+                )
         self._t = now
 
     def _append(self, v, t, e, p, clock, reasons) -> None:
@@ -141,20 +143,21 @@ class Owner:
         )
         self._energy[v.index] = float(e[-1])
         self._last[v.index] = (int(t[-1]), float(p[-1]), float(clock[-1]), int(reasons[-1]))
+        self._count[v.index] = v.state.get("count")
 
-    def _hold(self, v, before_ns: int) -> None:
-        """Keep the GPU at its last sample's power up to the latest instant a reader read past
-        that sample (``held_ns``; the counter follows wall time, hw/emulated/node.py, and
-        extrapolates at that power): a sample there makes the truth what the reader saw."""
-        t_last, p_last, clock, reasons = self._last[v.index]
-        held = min(v.state.get("held_ns"), before_ns - 1)
-        if held <= t_last:
-            return
-        e = self._energy[v.index] + p_last * (held - t_last) / 1e6
-        self._append(
-            v, np.array([held]), np.array([e]), np.array([p_last]), np.array([clock]),
-            np.array([reasons]),
-        )  # fmt: skip
+    def _sync(self, v) -> None:
+        """Take in the hold samples readers appended since this owner's last append (under the
+        state's lock): the truth and the next interval start from them."""
+        new = v.state.since(self._count[v.index])
+        if len(new["t_ns"]):
+            self._truth[v.index].append(
+                (new["t_ns"].astype(np.int64), new["energy_mj"], new["power_w"])
+            )
+            self._energy[v.index] = float(new["energy_mj"][-1])
+            self._last[v.index] = (
+                int(new["t_ns"][-1]), float(new["power_w"][-1]), float(new["clock_mhz"][-1]),
+                int(new["reasons"][-1]),
+            )  # fmt: skip
 
     def step(self, now_ns: int | None = None) -> None:
         """One sample: the activity since the last one sets every owned GPU's power."""
@@ -163,33 +166,38 @@ class Owner:
             if now <= self._t:
                 return
             u = self.activity.fraction(self._t, now)
-            if now_ns is None:  # stamp the sample as late as it is published (see _hold)
-                now = max(now, self.node.clock())
             self.advance(np.array([now], dtype=np.int64), np.array([u]))
 
     def advance(self, t_ns: np.ndarray, activity: np.ndarray) -> None:
         """Samples at times ``t_ns`` (increasing, after the last) with the activities over the
         interval before each: the bulk form of :meth:`step` (the benchmark's virtual time)."""
-        t = np.asarray(t_ns, dtype=np.int64)
+        t_all = np.asarray(t_ns, dtype=np.int64)
+        u_all = np.broadcast_to(np.asarray(activity, dtype=float), t_all.shape)
         for v in self.views:
-            self._hold(v, int(t[0]))
-        for v in self.views:
-            slow = np.zeros(len(t), dtype=bool)
-            if self.node.settings.faults_of("throttle", self.node.host, v.index):
-                slow = np.array([v.in_episode("throttle", int(x)) is not None for x in t])
-            p, clock, reasons = physics.true_power(
-                self.prof, activity, v.cap_mhz(), v.power_limit_mw() / 1e3, slow, self._idle_w
-            )
-            self._integrate(v, t, p, clock, reasons)
-        self._t = int(t[-1])
+            with v.state.lock():
+                self._sync(v)
+                keep = t_all > self._last[v.index][0]  # a reader's hold may be newer
+                if not keep.any():
+                    continue
+                t, u = t_all[keep], u_all[keep]
+                slow = np.zeros(len(t), dtype=bool)
+                if self.node.settings.faults_of("throttle", self.node.host, v.index):
+                    slow = np.array([v.in_episode("throttle", int(x)) is not None for x in t])
+                p, clock, reasons = physics.true_power(
+                    self.prof, u, v.cap_mhz(), v.power_limit_mw() / 1e3, slow, self._idle_w
+                )
+                self._integrate(v, t, p, clock, reasons)
+            self._record_anchors(v, int(t[-1]))
+        self._t = int(t_all[-1])
 
     def replay(self, t_ns: np.ndarray, power_w: np.ndarray) -> None:
         """Samples of a given true power (W over the interval before each time): a recorded
         trace replayed (tests/unit/test_emulated_h200.py), clocks at their maximum."""
         t = np.asarray(t_ns, dtype=np.int64)
         for v in self.views:
-            self._hold(v, int(t[0]))
-            self._integrate(v, t, np.asarray(power_w, float), self.prof.max_sm_mhz, 0)
+            with v.state.lock():
+                self._sync(v)
+                self._integrate(v, t, np.asarray(power_w, float), self.prof.max_sm_mhz, 0)
         self._t = int(t[-1])
 
     def _integrate(self, v, t, p, clock, reasons) -> None:

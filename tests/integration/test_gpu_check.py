@@ -28,5 +28,6 @@ def test_gpu_check_prints_measured_figures_beside_the_profile(tmp_path):
         assert line in proc.stdout
     got = json.loads(out.read_text())
     assert 0.09 <= got["counter_period_s"] <= 0.12  # the profile's 100 ms, seen by polling
-    assert got["idle_w"] == pytest.approx(70, abs=1) and got["read_latency_s"] >= 0.0002
+    # h200-sxm: 79 W without a context, read by a counter of gain 0.9967 (profiles.py)
+    assert got["idle_w"] == pytest.approx(78.7, abs=1) and got["read_latency_s"] >= 0.002
     assert got["zeus_nvml_ratio"] == pytest.approx(1, abs=0.05)

@@ -6,7 +6,7 @@ import numpy as np
 import pynvml as real
 
 from energysweep.hw import emulated
-from energysweep.hw.emulated import settings as es_settings
+from energysweep.hw.emulated import node_config
 from energysweep.hw.emulated.node import Node
 
 EPOCH_NS = 1_700_000_000 * 10**9
@@ -32,7 +32,7 @@ def section(**overrides) -> dict:
     """``measurement.emulated`` with the schema's defaults and ``overrides``, on the h100-sxm
     profile unless they name one: its sensors are the truth and its reads take a fixed time, so
     a test of the window arithmetic sees that alone (the h200-sxm sensor has its own tests)."""
-    return {**es_settings.section_defaults(), "profile": "h100-sxm", **overrides}
+    return {**node_config.section_defaults(), "profile": "h100-sxm", **overrides}
 
 
 def make_node(tmp_path, host="esnode1", clock=None, **overrides):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from energysweep.hw.emulated import settings as es_settings
+from energysweep.hw.emulated import node_config
 from energysweep.hw.emulated.truth import Truth
 
 
@@ -28,7 +28,7 @@ def against_truth(wf: Path) -> pd.DataFrame:
         rows = rows[rows["gpu_uuid"].notna() & rows["gpu_energy_mj"].notna()]
         rows = rows.reset_index(drop=True)
         truth = Truth.read(job.with_name("emulated"))
-        node = es_settings.read(job.with_name("emulated"))
+        node = node_config.read(job.with_name("emulated"))
         rows["truth_mj"] = truth.windows(rows)
         dur_s = (rows["window_end_ns"] - rows["window_start_ns"]) / 1e9
         rows["sensor_mj"] = node.counter_gain * rows["truth_mj"] + node.counter_offset_w * dur_s
@@ -46,7 +46,8 @@ def against_truth(wf: Path) -> pd.DataFrame:
 # (measured - sensor) / sensor x window length: the edges' share, which does not shrink with the
 # window. Measured on this machine (2 cores, load average 12-15 from other sessions), h200-sxm
 # with the counter visible by wall time (hw/emulated/node.py), 42 windows of 0.5-5.4 s:
-# |error| median 1.8 ms, worst 11.6 ms; each rank's median signed error +1.3 / +2.6 ms (the
+# |error| median 1.8 / 3.1 ms, worst 11.6 / 18.9 ms (two runs); each rank's median signed
+# error +1.0 to +1.8 ms (the
 # emulated GPU follows the rank's CPU, busy at the barriers next to the edges: a small positive
 # bias a real GPU would not have); windows >= 1 s within 0.87%. Each mutation of energy/nvml.py
 # fails them: start-edge correction dropped (every rank's median +5.1 ms), end-edge correction

@@ -10,16 +10,24 @@ with a measured latency distribution (h200-sxm) each energy read draws its laten
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import energysweep.hw.emulated.physics as physics
 
+if TYPE_CHECKING:
+    from energysweep.hw.emulated.node import Node
+
 
 class Readings:
     """nvmlDeviceGetTotalEnergyConsumption, GetPowerUsage, GetFieldValues and the like."""
 
-    _latency_rng = None
+    # Provided by the class this mixes into (energysweep.hw.emulated.api.Session).
+    node: Node
+    sleep: Callable[[float], object]
+    _latency_rng: np.random.Generator | None = None
 
     def _latency_s(self, energy: bool) -> float:
         s = self.node.settings

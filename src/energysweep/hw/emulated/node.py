@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import energysweep.hw.emulated.physics as physics
-from energysweep.hw.emulated.settings import NodeSettings
+from energysweep.hw.emulated.node_config import NodeSettings
 from energysweep.hw.emulated.state import GpuState, gpu_file, pid_alive
 
 # DGX H100 / A100 PCI bus numbers of GPUs 0-7 (the order NVML lists them in); more GPUs go on.
@@ -174,7 +174,7 @@ class GpuView:
             return
         with self.state.lock():
             last = self.state.last()
-            if last["t_ns"] >= t_ns:
+            if last is None or last["t_ns"] >= t_ns:
                 return
             e = last["energy_mj"] + (t_ns - last["t_ns"]) * last["power_w"] / 1e6
             self.state.append(t_ns, e, last["power_w"], last["clock_mhz"], int(last["reasons"]))

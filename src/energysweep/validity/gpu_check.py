@@ -40,10 +40,8 @@ EMULATED_ENV = "ENERGYSWEEP_EMULATED_NVML"  # energysweep.hw.emulated.ENV
 
 
 def profile_for(gpu_name: str) -> str:
-    """The emulator profile closest to a GPU model."""
-    from energysweep.hw.emulated.profiles import PROFILES
-
-    if "H200" in gpu_name and "h200-sxm" in PROFILES:
+    """The emulator profile of a GPU model (h100-sxm unless it is an A100 or an H200)."""
+    if "H200" in gpu_name:
         return "h200-sxm"
     return "a100-sxm" if "A100" in gpu_name else "h100-sxm"
 

@@ -136,12 +136,16 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     for col in ("ttft_p99_s", "tpot_p50_s", "itl_p50_s", "e2e_p99_s", "achieved_concurrency",
                 "queue_time_mean_s", "arrival_rate_rps", "load_sustained"):  # fmt: skip
         assert shards[col].notna().all(), col
-    assert (shards["request_errors"] == 0).all() and (shards["serving_status"] == "ok").all()
+    assert (shards["request_errors"] == 0).all()
     # The server's own count of the window's requests, read at the same edges: ours within a
-    # request or two (one ending within the /metrics read's delay of an edge falls either side).
-    below = shards[shards["load"] == "rate=4"]
+    # request (one ending within the /metrics read's delay of an edge falls either side); null,
+    # said so, where the server answered its /metrics more than 100 ms after an edge.
+    counted = shards["server_requests_completed"].notna()
+    assert (shards["serving_status"] == "ok").eq(counted).all(), shards["serving_status"]
+    assert shards.loc[~counted, "serving_status"].str.contains("ms after an edge").all()
+    below = shards[counted & (shards["load"] == "rate=4")]
+    assert len(below) == 1, shards["serving_status"]
     assert (below["server_requests_completed"] - below["requests"]).abs().max() <= 1, below
-    assert shards["server_requests_completed"].notna().all()
     req = pd.read_parquet(d / "requests.parquet")
     assert {"warmup", "ramp", "window"} <= set(req["request_phase"])
     assert set(req["metrics_status"]) <= {"measured", "cancelled"}  # nothing failed

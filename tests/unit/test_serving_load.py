@@ -97,8 +97,9 @@ def test_rate_run_ramps_then_holds_the_window_then_drains():
     ends = sorted(r.finished_s for r in run.records)
     assert ends[4] <= run.open_s
     assert run.close_s - run.open_s >= 0.3 and run.ramp_s > 0
-    # Nothing is sent once the close edge is read; every request sent is awaited (the drain).
-    assert max(r.send_s for r in run.records) <= edges[-1][1]
+    # The load goes on while the close edge is read, then stops (an arrival or two may come in
+    # before the loop sees the edge read); every request sent is awaited (the drain).
+    assert sum(r.send_s > edges[-1][1] for r in run.records) <= 2
     assert len(run.records) == len(server.sent_at) and all(r.success for r in run.records)
     assert [r.index for r in run.records] == list(range(len(run.records)))
     assert run.last_end_s >= run.close_s and run.drain_s >= 0
@@ -229,6 +230,10 @@ def test_the_servers_own_count_sums_finished_label_sets_and_says_why_it_is_missi
     assert server_count(None, None, None) == (None, "this server's /metrics is not parsed")
     count, why = server_count({"running": 1.0}, {"running": 1.0}, wanted)
     assert count is None and "vllm:request_success_total" in why
+    # A server too busy to answer at the edge: its count would take in requests after it.
+    count, why = server_count({**opened, "read_s": 0.01}, {**closed, "read_s": 0.4}, wanted)
+    assert count is None and "400 ms after an edge" in why
+    assert server_count({**opened, "read_s": 0.01}, {**closed, "read_s": 0.02}, wanted)[0] == 7
 
 
 def test_queue_samples_are_summarised_over_the_window_only():
@@ -383,9 +388,10 @@ def test_the_edges_read_the_servers_count_at_their_stamps_while_the_load_goes_on
     at = dict(log)
     assert at["energy.prepare"] < at["energy.begin"] <= run.open_s <= at["host.begin"]
     assert at["server_cpu.begin"] >= run.open_s
-    assert run.close_s <= at["server_cpu.end"] <= at["host.end"] <= at["energy.end"]
+    assert at["server_cpu.end"] <= at["host.end"] <= run.close_s <= at["energy.end"]
     ours = window_stats(run, None, None, capacity=64)["requests"]
     theirs = (
         run.closed["metrics"]["requests_completed"] - run.opened["metrics"]["requests_completed"]
     )
-    assert ours >= 30 and abs(theirs - ours) <= 2, (ours, theirs)
+    assert ours >= 10 and abs(theirs - ours) <= 2, (ours, theirs)
+    assert "read_s" in run.opened["metrics"] and "read_s" in run.closed["metrics"]

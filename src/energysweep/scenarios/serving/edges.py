@@ -8,8 +8,13 @@ energysweep.measure.window does for the other scenarios:
 - open: the GPU settings and node energy are read, and the GPU counters' refreshes awaited
   (``energy.prepare``, energy/ticks.py), *before* the edge; then the GPU counters' start, the
   stamp, the host energy and the server's CPU time;
-- close: the stamp, the server's CPU time, the host energy, then the GPU counters (their next
+- close: the server's CPU time and the host energy, the stamp, then the GPU counters (their next
   refreshes, after the edge); the GPU settings and node energy after.
+
+The GPU counters are read next to the stamp at both edges (the headline figure's window is the
+requests' one); the host energy and the server's CPU time just inside it. The load's event loop
+runs beside this thread, so anything read between the stamp and the GPU counters would widen
+the gap between them by its own time and by every switch to the loop.
 
 The server's /metrics counters (its completed requests, its queue-time histogram) are read at
 each stamp in a thread of their own, so that both reads leave the same delay after their edge
@@ -18,6 +23,7 @@ each stamp in a thread of their own, so that both reads leave the same delay aft
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from energysweep.energy import wall_ns
@@ -38,7 +44,17 @@ class WindowEdges:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serving-metrics")
 
     def _counters_now(self) -> Future:
-        return self._pool.submit(self.read_counters)
+        """The server's counters, read from now in the metrics thread; ``read_s`` is how long
+        after this call they were read (the count's uncertainty: probes.server_count)."""
+        t0 = time.perf_counter()
+
+        def read() -> dict | None:
+            counters = self.read_counters()
+            if counters is not None:
+                counters = {**counters, "read_s": time.perf_counter() - t0}
+            return counters
+
+        return self._pool.submit(read)
 
     def open(self, mark) -> dict:
         m = self.m
@@ -55,11 +71,11 @@ class WindowEdges:
 
     def close(self, mark) -> dict:
         m = self.m
+        cpu_s = self.server_cpu.end()
+        host = m.host.end()
         mark()
         end = wall_ns()
         counters = self._counters_now()
-        cpu_s = self.server_cpu.end()
-        host = m.host.end()
         readings = m.energy.end()  # waits for the counters' next refreshes, after the edge
         return {
             "wall_ns": end,

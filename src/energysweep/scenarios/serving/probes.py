@@ -151,13 +151,25 @@ def queue_time_mean_s(opened: dict | None, closed: dict | None) -> float | None:
     return total / count if count > 0 else None
 
 
+# The longest a /metrics read may take from its edge for the server's count to stand for the
+# window: a server too busy to answer within it counts requests that ended after the edge.
+SERVER_COUNT_MAX_READ_S = 0.1
+
+
 def server_count(opened: dict | None, closed: dict | None, wanted: dict | None):
     """Requests the server itself counts as completed between the window's edges (its /metrics
-    counter read at both), and why it is None when it is: ``(count, reason)``."""
+    counter read at both; ``read_s``: how long after its edge each read answered), and why it is
+    None when it is: ``(count, reason)``."""
     if wanted is None or "requests_completed" not in wanted:
         return None, "this server's /metrics is not parsed"
     if not opened or not closed:
         return None, "/metrics not readable at an edge"
     if "requests_completed" not in opened or "requests_completed" not in closed:
         return None, f"no {_series(wanted['requests_completed'])[0]} in /metrics"
+    slow = max(opened.get("read_s", 0.0), closed.get("read_s", 0.0))
+    if slow > SERVER_COUNT_MAX_READ_S:
+        return None, (
+            f"/metrics answered {1e3 * slow:.0f} ms after an edge "
+            f"(> {1e3 * SERVER_COUNT_MAX_READ_S:.0f} ms)"
+        )
     return int(round(closed["requests_completed"] - opened["requests_completed"])), None

@@ -14,7 +14,6 @@ import pandas as pd
 import pyarrow as pa
 
 from energysweep.aggregate import (
-    environment_table,
     gpu_setting,
     ladder,
     load_job_records,
@@ -26,6 +25,7 @@ from energysweep.aggregate import (
 from energysweep.aggregate.publish import publish
 from energysweep.aggregate.windows import WINDOW_COLUMNS
 from energysweep.job.sections import Facility
+from energysweep.tables.environment import environment_table
 from energysweep.validity import verdict
 
 # Every summary column's null policy: the aggregate's, the GPU setting's, the ladder's and the
@@ -109,7 +109,7 @@ def aggregate(
         (Path(summary_out), lambda tmp: summary.to_csv(tmp, index=False)),
     ]
     if jobs is not None and environment_out is not None:
-        env = pa.Table.from_pandas(environment_table(jobs, records), preserve_index=False)
+        env = environment_table(jobs, records)
         files.append((Path(environment_out), lambda tmp: pq.write_table(env, tmp)))
     if validation_out is not None:
         files.append(

@@ -118,13 +118,13 @@ def test_an_overloaded_run_drains_the_running_requests_and_cancels_the_queue():
     run, _ = _run(LoadPoint(RATE, 200.0), server, capacity=2, ramp_requests=2,
                   min_window_s=0.3, min_requests=4)  # fmt: skip
     cancelled = [r for r in run.records if r.cancelled]
-    assert len(cancelled) > 10 and all(not r.success and r.error for r in cancelled)
+    assert len(cancelled) > 5 and all(not r.success and r.error for r in cancelled)
     # The two earliest requests in flight at the close (the running ones) ended normally.
     at_close = sorted((r for r in run.records if r.send_s <= run.close_s < r.finished_s),
                       key=lambda r: r.index)  # fmt: skip
     assert all(r.success for r in at_close[:2])
     # Behind them only what the engine admitted while they ended; the queue is cancelled.
-    assert sum(r.success for r in at_close[2:]) <= 2 and len(at_close) > 10
+    assert sum(r.success for r in at_close[2:]) <= 2 and len(at_close) > 5
     assert run.drain_s < 1.0  # not the 2+ s the queue would take to serve
     st = window_stats(run, None, None, capacity=2)
     assert st["requests_cancelled"] == len(cancelled) and st["request_errors"] == 0
@@ -265,10 +265,11 @@ def test_a_stalled_server_is_not_sent_unbounded_requests(monkeypatch):
     server = FakeServer(latency=0.3, slots=1)  # ~3 requests/s, offered 200
     run, _ = _run(LoadPoint(RATE, 200.0), server, capacity=1, ramp_requests=1,
                   min_window_s=0.3, min_requests=1)  # fmt: skip
-    assert server.max_in_flight == 10 and len(run.dropped_s) > 50
+    # (Offered 200/s: ~110 arrivals dropped on an idle machine, ~50 at load average 15.)
+    assert server.max_in_flight == 10 and len(run.dropped_s) > 10
     st = window_stats(run, None, None, capacity=1)
     # Dropped arrivals are offered load the server did not take.
-    assert st["arrival_rate_rps"] > 100 and st["load_sustained"] < 0.2
+    assert st["arrival_rate_rps"] > 30 and st["load_sustained"] < 0.5
     assert st["requests_dropped"] == len(run.dropped_s)
 
 

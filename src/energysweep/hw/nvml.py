@@ -90,7 +90,7 @@ def for_job(environ: dict):
 
 def emulated_profile() -> str | None:
     """The emulated node's GPU profile (for the environment record), None on real NVML."""
-    return _emulated.settings.read(os.environ[_emulated.ENV]).profile if emulated() else None
+    return _emulated.node_config.read(os.environ[_emulated.ENV]).profile if emulated() else None
 
 
 def attach(uuids: list[str], pids=None):

@@ -1,5 +1,5 @@
 """GPU settings through NVML: power limits and applications clocks (the logic:
-energysweep.measure.gpu_settings).
+energysweep.gpu_setting.control).
 
 Setters
 need root or a site that grants them (else NVMLError_NoPermission); a value out of range raises

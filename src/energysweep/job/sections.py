@@ -95,7 +95,7 @@ class Emulated:
     """Config section ``measurement.emulated``: the emulated GPU node of ``measurement.device``
     ``emulated`` (docs/emulated-node.md). A None behaviour setting takes the profile's value;
     ``faults`` and ``refusals`` are the schema-validated entries, which
-    ``energysweep.hw.emulated.settings.resolve`` turns into its typed ``Fault`` and refusals."""
+    ``energysweep.hw.emulated.node_config.resolve`` turns into its typed ``Fault`` and refusals."""
 
     profile: str
     node_gpus: int
@@ -168,7 +168,7 @@ class Limits:
 @dataclass(frozen=True, kw_only=True)
 class Gpu:
     """Config section ``gpu``: the GPU setting axes and how they are applied, as the grid reads
-    it (energysweep.sweep.settings). A job carries its own point only: the axis values in its
+    it (energysweep.sweep.gpu_axes). A job carries its own point only: the axis values in its
     key and ``power_limit_method`` on the job (``job.gpu``)."""
 
     power_limit_w: list[float | None]

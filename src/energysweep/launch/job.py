@@ -28,8 +28,8 @@ from energysweep.job.spec import JobDir, JobSpec, LaunchedJob, Outputs
 from energysweep.launch import cleanup, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.slurm import job_nodes, restore_job_identity
-from energysweep.measure.provenance import code_version
 from energysweep.tables.io import replace, write_text_atomic
+from energysweep.util.version import code_version
 
 # Signals that stop a running job as a whole: Slurm's scancel and TIMEOUT (SIGTERM), Ctrl-C
 # (SIGINT), a closed terminal (SIGHUP).

@@ -7,9 +7,9 @@ import time
 from energysweep import dist
 from energysweep.energy import GpuReading, make_source, wall_ns
 from energysweep.energy.node import NodeSource
+from energysweep.gpu_setting.probe import SettingsProbe
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
-from energysweep.measure.settings import SettingsProbe
 from energysweep.tables.status import EnergyStatus
 
 # The power timeline goes on this long after the last window: the re-check integrates the power

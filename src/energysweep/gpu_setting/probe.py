@@ -25,7 +25,7 @@ from energysweep.tables.status import SettingStatus
 
 UNSET = SettingStatus.UNSET
 # Shard columns this module fills (energysweep.tables.shards), with their not-measured values.
-EMPTY = {
+EMPTY: dict[str, float | int | str | None] = {
     "gpu_power_limit_target_w": None,
     "gpu_sm_clock_target_mhz": None,
     "gpu_mem_clock_target_mhz": None,
@@ -128,10 +128,11 @@ class SettingsProbe:
             ):
                 problems.append(f"{uuid}: {'; '.join(s.detail)}")
                 continue
-            if now[uuid] is None:
+            reading = now[uuid]
+            if reading is None:
                 problems.append(f"{uuid}: its settings could not be read back")
                 continue
-            power, clock = gs.mismatches(s, now[uuid])
+            power, clock = gs.mismatches(s, reading)
             problems += [f"{uuid}: {m}" for m in (power, clock) if m]
         return problems
 

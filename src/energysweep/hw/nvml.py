@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 import pynvml
 
@@ -349,7 +350,7 @@ def gpu_snapshot(uuids: list[str]) -> list[dict]:
             except Exception as exc:
                 out.append({"uuid": uuid, "error": type(exc).__name__, **system})
                 continue
-            info = {"uuid": uuid}
+            info: dict[str, Any] = {"uuid": uuid}
             for key, fn, consts, post in GPU_QUERIES:
                 try:  # one unsupported query must not lose the rest
                     args = [getattr(pynvml, c) for c in consts]

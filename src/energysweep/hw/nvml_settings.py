@@ -56,5 +56,7 @@ def set_app_clocks(handle, mem_mhz: int | None, sm_mhz: int | None = None) -> No
     """Set the applications clocks; None: back to the defaults (both persist until changed)."""
     if mem_mhz is None:
         nvml.pynvml.nvmlDeviceResetApplicationsClocks(handle)
+    elif sm_mhz is None:
+        raise ValueError(f"applications clocks: memory {mem_mhz} MHz without an SM clock")
     else:
         nvml.pynvml.nvmlDeviceSetApplicationsClocks(handle, int(mem_mhz), int(sm_mhz))

@@ -17,9 +17,12 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 # The one place a config default is written.
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "config.schema.yaml"
 

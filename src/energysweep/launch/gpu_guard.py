@@ -61,7 +61,7 @@ def _record(request: GpuRequest, routes, settings, error: str | None) -> Setting
     )
 
 
-def _explain_slurm_clock(settings, clock: str) -> None:
+def _explain_slurm_clock(settings, clock: str | None) -> None:
     """Say, on a clock Slurm was to set but did not, what Slurm was asked and what it needs."""
     step = os.environ.get("SLURM_GPU_FREQ")
     for s in settings:

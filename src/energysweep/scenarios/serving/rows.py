@@ -92,7 +92,7 @@ def request_rows(
     for r in records:
         met = None
         if r.success:
-            met = (ttft_slo is None or r.ttft_s <= ttft_slo) and (
+            met = (ttft_slo is None or (r.ttft_s is not None and r.ttft_s <= ttft_slo)) and (
                 tpot_slo is None or (r.tpot_s or 0.0) <= tpot_slo
             )
         rows.append(

@@ -32,6 +32,7 @@ from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.serving.client import (
+    RunningServer,
     Watchdog,
     greedy_tokens,
     vllm_arrivals,
@@ -58,6 +59,8 @@ def load_points(serving: Serving) -> list[LoadPoint]:
     if serving.request_rates:
         rates = sorted(serving.request_rates)
         return [LoadPoint(RATE, float(r), serving.burstiness) for r in rates]
+    if serving.concurrency is None:
+        raise ValueError("config key serving: set request_rates or concurrency")
     return [LoadPoint(CONCURRENCY, float(c)) for c in sorted(serving.concurrency)]
 
 
@@ -79,14 +82,16 @@ class ServingScenario(Scenario):
         self.make_server = make_server
         from transformers import AutoTokenizer
 
-        self.sv = job.serving
+        if job.serving is None:
+            raise ValueError("a serving job carries the config section serving")
+        self.sv: Serving = job.serving
         self.limits = job.limits
         self.loads = load_points(self.sv)
         self.backend_name = job.key.backend
         tok = AutoTokenizer.from_pretrained(ctx.model_dir)
         enc = tok(prompts, truncation=True, max_length=int(self.wl.max_input_tokens))
         self.token_prompts = [list(ids) for ids in enc["input_ids"]]
-        self.server = None
+        self.server: RunningServer | None = None
         self.server_cpu = ServerCpuTime(lambda: self.server.pids() if self.server else [])
         self.timing: dict = {"servers": [], "load_runs": []}
         self.request_rows: list[dict] = []
@@ -163,8 +168,8 @@ class ServingScenario(Scenario):
     # ------------------------------------------------------------------ requests
     def _sender(self, session):
         """Sends one completion request to the job's server (vLLM's load generator)."""
-        url = f"{self.server.base_url}/v1/completions"
-        return vllm_sender(url, self.server.name, int(self.wl.output_tokens), session)
+        url = f"{self.live.base_url}/v1/completions"
+        return vllm_sender(url, self.live.name, int(self.wl.output_tokens), session)
 
     def _session(self):
         import aiohttp
@@ -192,14 +197,14 @@ class ServingScenario(Scenario):
                     self.watchdog.arm()
                 return await greedy_tokens(
                     session,
-                    self.server.base_url,
-                    self.server.name,
+                    self.live.base_url,
+                    self.live.name,
                     self.token_prompts[:cap],
                     int(self.wl.output_tokens),
                 )
 
         tokens = asyncio.run(go())
-        self.server.check()
+        self.live.check()
         self.generations += [
             {"batch_size": cap, "dp_rank": 0, "iteration": 0, "prompt_index": i, "token_ids": t}
             for i, t in enumerate(tokens)
@@ -207,11 +212,18 @@ class ServingScenario(Scenario):
         ]
         self.timing["servers"][-1]["warmup_s"] = time.monotonic() - t0
 
+    @property
+    def live(self) -> RunningServer:
+        """The server of the current batch cap (started by :meth:`start_server`)."""
+        if self.server is None:
+            raise RuntimeError("no engine server is running")
+        return self.server
+
     # ------------------------------------------------------------------ one load run
     def measure_load(self, cap: int, rep: int, point: LoadPoint) -> list[dict]:
         """One load run at ``point``: its window's rows (one per GPU reading)."""
         wanted = METRICS.get(self.backend_name)
-        metrics_url = f"{self.server.base_url}/metrics"
+        metrics_url = f"{self.live.base_url}/metrics"
 
         def read_counters() -> dict | None:
             if wanted is None:
@@ -225,7 +237,7 @@ class ServingScenario(Scenario):
             run = asyncio.run(self._load(point, cap, edges, queue, wanted))
         finally:
             edges.shutdown()
-        self.server.check()
+        self.live.check()
         settle_s = self._settle(read_counters)
         if run.open_s is None or run.close_s is None:
             raise RuntimeError(f"load {point.key} at batch cap {cap}: no steady-state window")
@@ -305,7 +317,7 @@ class ServingScenario(Scenario):
 
     async def _sample_queue(self, session, queue: QueueSamples, wanted: dict) -> None:
         period = 1.0 / float(self.sv.metrics_hz)
-        url = f"{self.server.base_url}/metrics"
+        url = f"{self.live.base_url}/metrics"
         while True:
             t = time.perf_counter()
             try:

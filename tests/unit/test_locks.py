@@ -242,3 +242,20 @@ def test_make_venv_over_a_sites_torch(tmp_path):
     assert "energysweep-site-torch.pth" in out and f'"torch_from": "{site}"' in out
     # Another interpreter is another environment (its own stamp).
     assert _dry_run(root, gpu, "venv", "TORCH_FROM=/other/python") != out
+
+
+def test_environment_rows_say_which_torch_build():
+    """torch_cuda is null on a CPU build, and torch_build says so; a site's torch is named."""
+    from energysweep.measure import provenance
+
+    assert provenance.torch_build("13.0", None) == "cuda"
+    assert provenance.torch_build(None, "6.4") == "rocm"
+    assert provenance.torch_build(None, None) == "cpu"
+    snap = provenance.snapshot()  # this process: .venv, torch's CPU build
+    assert (snap["torch_cuda"], snap["torch_build"]) == (None, "cpu")
+    assert snap["torch_path"].startswith(sys.prefix)
+    site = {"lock": "envs/venv.lock", "lock_sha256": "ab", "torch_from": "/opt/torch/bin/python"}
+    hosts = [{"host": "h", "torch_cuda": "13.0", "torch_build": "cuda", "env_lock": site}]
+    (row,) = provenance.environment_rows({"job_id": "j", "environment": {"hosts": hosts}})
+    assert (row["torch_cuda"], row["torch_build"]) == ("13.0", "cuda")
+    assert row["env_torch_from"] == "/opt/torch/bin/python"

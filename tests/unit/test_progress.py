@@ -39,7 +39,7 @@ def test_a_window_without_energy_says_why_and_a_failed_point_its_error():
 
 
 def test_idle_line():
-    gpu = {"GPU-5f0c8a2e-1111": (122.4, "measured")}
+    gpu = {"GPU-5f0c8a2e-1111": (122.4, "measured"), None: (None, "measured")}
     assert progress.idle_line(5.0, gpu, (None, "unavailable")) == (
         "idle baseline: 5.00 s, GPU power GPU-5f0c8a2e… 122.4 W (rank 0's GPUs), "
         "host power null (unavailable)"

@@ -37,8 +37,10 @@ def idle_line(window_s: float | None, gpu: dict, host: tuple) -> str:
     if window_s is None:
         statuses = sorted({str(status) for _, status in gpu.values() if status})
         return f"idle baseline: not measured ({', '.join(statuses) or 'skipped'})"
+    # The monitor keeps a None entry (a row without a GPU) beside its GPUs': not a GPU.
+    named = {u: v for u, v in gpu.items() if u is not None} or gpu
     gpus = ", ".join(
-        f"{_short(uuid)} {_watts(power, status)}" for uuid, (power, status) in gpu.items()
+        f"{_short(uuid)} {_watts(power, status)}" for uuid, (power, status) in named.items()
     )
     return (
         f"idle baseline: {window_s:.2f} s, GPU power {gpus or 'none'} (rank 0's GPUs), "

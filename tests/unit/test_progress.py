@@ -36,6 +36,10 @@ def test_a_window_without_energy_says_why_and_a_failed_point_its_error():
     ]
     serving = progress.window_lines([_row(0, "GPU-a", 1e6, phase="serve", load="rate=3")])
     assert serving[0].startswith("batch size 8 rep 1 serve rate=3: window 5.02 s")
+    train = progress.window_lines([_row(0, "GPU-a", 1e6, phase="train", output_tokens=None)])
+    assert train == [
+        "batch size 8 rep 1 train: window 5.02 s, 32 iterations, GPU energy 1000.0 J over 1 GPU"
+    ]
 
 
 def test_idle_line():

@@ -70,9 +70,11 @@ def window_lines(rows: list[dict]) -> list[str]:
             continue
         start, end = first["window_start_ns"], first["window_end_ns"]
         duration = f"{(end - start) / 1e9:.2f} s" if start is not None and end is not None else "?"
+        tokens = first["output_tokens"]
         lines.append(
             f"{what}: window {duration}, {first['iterations']} iterations, "
-            f"{first['output_tokens']} output tokens, GPU energy {_energy(group)}"
+            + (f"{tokens} output tokens, " if tokens is not None else "")
+            + f"GPU energy {_energy(group)}"
         )
     return lines
 

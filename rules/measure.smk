@@ -32,7 +32,7 @@ rule measure:
         # The attempt, for the job's log (a retry overwrites it); no scheduler reads it.
         attempt=get_attempt,
         # gpu.clock as `--gpu-freq` and a slurm-prolog power limit as `--constraint`
-        # (energysweep.sweep.settings); None adds no flag. Ignored off Slurm.
+        # (energysweep.sweep.gpu_axes); None adds no flag. Ignored off Slurm.
         slurm_extra=get_slurm_extra,
         constraint=get_constraint,
     params:
@@ -46,7 +46,7 @@ rule measure:
         "../scripts/measure.py"
 
 
-# A serving job (energysweep.scenarios.serving): the same step, one shard per batch cap and
+# A serving job (energysweep.scenarios.serving.scenario): the same step, one shard per batch cap and
 # repetition (each holds every load level's window of that repetition).
 use rule measure as serve with:
     output:

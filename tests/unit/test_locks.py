@@ -117,13 +117,14 @@ def test_stamps_follow_content_not_file_times_and_a_linked_venv_is_never_install
 
 def test_snapshot_and_environment_rows_carry_the_lock(tmp_path):
     from energysweep.measure import provenance
+    from energysweep.tables.environment import environment_rows
 
     lock = {"lock": "envs/venv.lock", "lock_sha256": locks.sha256(ROOT / "envs/venv.lock")}
     assert provenance.env_lock() == lock  # this process runs in .venv
     assert provenance.snapshot()["env_lock"] == lock
     assert provenance.env_lock(tmp_path) is None  # not built from a lock: null, never a guess
     hosts = [{"host": "h", "env_lock": lock}, {"host": "g", "env_lock": None}]
-    rows = provenance.environment_rows(
+    rows = environment_rows(
         {"job_id": "j", "environment": {"hosts": hosts, "gpus": [{"host": "h"}, {"host": "g"}]}}
     )
     assert [(r["env_lock"], r["env_lock_sha256"]) for r in rows] == [
@@ -247,6 +248,7 @@ def test_make_venv_over_a_sites_torch(tmp_path):
 def test_environment_rows_say_which_torch_build():
     """torch_cuda is null on a CPU build, and torch_build says so; a site's torch is named."""
     from energysweep.measure import provenance
+    from energysweep.tables.environment import environment_rows
 
     assert provenance.torch_build("13.0", None) == "cuda"
     assert provenance.torch_build(None, "6.4") == "rocm"
@@ -256,6 +258,6 @@ def test_environment_rows_say_which_torch_build():
     assert snap["torch_path"].startswith(sys.prefix)
     site = {"lock": "envs/venv.lock", "lock_sha256": "ab", "torch_from": "/opt/torch/bin/python"}
     hosts = [{"host": "h", "torch_cuda": "13.0", "torch_build": "cuda", "env_lock": site}]
-    (row,) = provenance.environment_rows({"job_id": "j", "environment": {"hosts": hosts}})
+    (row,) = environment_rows({"job_id": "j", "environment": {"hosts": hosts}})
     assert (row["torch_cuda"], row["torch_build"]) == ("13.0", "cuda")
     assert row["env_torch_from"] == "/opt/torch/bin/python"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 from energysweep.job.gpu_freq import ClockSyntaxError, parse_clock
 from energysweep.job.gpu_request import NVML, SETTING_AXES, SLURM_PROLOG, axis_text
@@ -94,7 +95,7 @@ def no_gpu_reason(device: str) -> str | None:
     ``auto`` is decided where the ranks run, never here: the host loading the workflow (a
     cluster's login node) is not the node a job lands on. A job of ``auto`` whose node turns out
     to have no GPU records that point as an error with its reason (the launcher's GPU settings
-    record, and each rank's check before measuring: ``energysweep.measure.settings``), so the
+    record, and each rank's check before measuring: ``energysweep.gpu_setting.probe``), so the
     setting axes stay in the grid and a Slurm job keeps its ``--gpu-freq``.
 
     Args:
@@ -118,7 +119,7 @@ def expand(grid: Grid, config: dict, no_gpu: str | None) -> Grid:
     axes = _axis_values(gpu)
     if not axes:
         return grid
-    combos = [
+    combos: list[dict[str, Any]] = [  # JobKey fields: the axes' texts
         {a: axis_text(v) for a, v in zip(axes, combo, strict=True)}
         for combo in itertools.product(*axes.values())
     ]
@@ -169,6 +170,8 @@ def constraint(key: JobKey, config: dict) -> str | None:
     """The node feature asking the site's prolog for the job's power limit, or None."""
     gpu = Gpu.from_config(config)
     request = key.gpu_request(gpu.power_limit_method)
-    if request is None or request.routes(under_slurm=True)[0] != SLURM_PROLOG:
+    if request is None or request.power_limit_w is None:
+        return None
+    if request.routes(under_slurm=True)[0] != SLURM_PROLOG:
         return None
     return gpu.prolog_constraint.replace("{watts}", str(round(request.power_limit_w)))

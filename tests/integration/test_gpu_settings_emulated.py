@@ -216,7 +216,7 @@ def test_each_measure_log_says_what_the_job_did(sweep):
         assert len(windows) == 2  # one per window: 1 batch size x 2 repetitions x generate
         flagged = "generate: error: SettingNotApplied: GPU setting ("
         if any(flagged in x for x in windows):  # GPU 1 refused the clock: the reason is said
-            assert "dp~2" in str(log) and all(flagged in x for x in windows), windows
+            assert all(flagged in x for x in windows), windows  # (any job on GPU 1)
             continue
         assert any("batch size 1: warm-up done in " in x for x in lines), lines
         # Taken once, after the first warm-up (a refused point never gets there).

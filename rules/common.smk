@@ -15,6 +15,7 @@ from energysweep.sweep import settings as es_settings
 from energysweep.measure.provenance import code_version
 from energysweep.job.backends import BACKENDS
 from energysweep.job.spec import JobDir, JobKey, JobSpec
+from energysweep.archive.crate import crate_name, config_emulated
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -254,7 +255,17 @@ def get_final_outputs():
         *rules.figures.output,
         *rules.report_pages.output,
         HEADLINE,
+        *rules.exports.output,
     ]
+
+
+def get_archive_name():
+    """The crate's name: the sweep's hash, and EMULATED for a sweep on the emulated GPU node."""
+    return crate_name(SWEEP_HASH, config_emulated(config))
+
+
+def get_archive_path():
+    return f"results/archive/{get_archive_name()}.crate.zip"
 
 
 def get_preflight_slots():

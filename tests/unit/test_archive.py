@@ -205,3 +205,31 @@ def test_environment_diff_says_a_different_gpu_model_loudly():
     warning = compare.gpu_model_warning(diff.reset_index())
     assert "DIFFERENT GPU MODEL" in warning and "NVIDIA H200" in warning
     assert compare.gpu_model_warning(compare.environment_diff(a, a)) is None
+
+
+def test_reproduce_refuses_other_environments_unless_allowed(crate_zip, tmp_path):
+    from energysweep.archive import reproduce
+
+    back = open_crate(crate_zip)
+    wf = tmp_path / "checkout"
+    (wf / ".venv").mkdir(parents=True)
+    lock = back.file("locks/venv.lock")
+    stamp = {"lock": "envs/venv.lock", "lock_sha256": contents.sha256(lock)}
+    (wf / ".venv" / reproduce.STAMP).write_text(json.dumps(stamp))
+    assert "built from the archived lock" in reproduce.check_locks(back, wf, False)[0]
+    stamp["lock_sha256"] = "f" * 64
+    (wf / ".venv" / reproduce.STAMP).write_text(json.dumps(stamp))
+    with pytest.raises(ArchiveError, match="envs/venv.lock: archived sha256 .*, here ffff"):
+        reproduce.check_locks(back, wf, False)
+    assert "here ffff" in reproduce.check_locks(back, wf, True)[0]
+
+
+def test_reproduce_refuses_a_checkpoint_missing_here(tmp_path):
+    from energysweep.archive import reproduce
+
+    cfg = {"models": [{"name": "big", "path": "models/big"}, {"name": "t", "path": "builtin:tiny"}]}
+    with pytest.raises(ArchiveError, match=r"models\[big\].path: .*models/big does not exist"):
+        reproduce.portable_config(cfg, tmp_path)
+    (tmp_path / "models" / "big").mkdir(parents=True)
+    out = reproduce.portable_config(cfg, tmp_path)
+    assert out["models"][0]["path"] == str(tmp_path / "models" / "big")

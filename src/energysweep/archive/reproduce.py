@@ -35,10 +35,11 @@ STAMP = "energysweep-env.json"
 
 
 def installed_locks(workflow: Path) -> dict[str, str]:
-    """Lock path -> sha256 of the environments built here (their stamps, written by make)."""
+    """Lock path -> sha256 of the environments that run here (their stamps, written by make):
+    this interpreter's (Snakemake's, which runs the pytorch ranks) and the checkout's."""
     out = {}
-    for d in ENV_DIRS:
-        stamp = workflow / d / STAMP
+    for d in (Path(sys.prefix), *(workflow / e for e in ENV_DIRS)):
+        stamp = d / STAMP
         if stamp.is_file():
             rec = json.loads(stamp.read_text())
             out[rec["lock"]] = rec["lock_sha256"]

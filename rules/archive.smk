@@ -27,7 +27,6 @@ rule archive:
     conda:
         "../envs/base.yaml"
     params:
-        results="results",
         workflow=workflow.basedir,
         name=get_archive_name(),
     script:

@@ -12,7 +12,7 @@ with step_log(sm.log[0], sm.rule):
     from energysweep.archive.crate import archive
 
     lines = archive(
-        sm.params.results,
+        Path(sm.input.config).parent,  # results/: the config as run lies at its top
         sm.params.workflow,
         list(sm.input.jobs),
         sm.output.crate,

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from energysweep.aggregate.windows import windows
+from energysweep.aggregate.windows import WINDOW_COLUMNS, windows
 from energysweep.tables.io import atomic_path
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS
@@ -32,6 +32,12 @@ EXPORT_FILES = {
     "mlcommons": "mlcommons.csv",
 }
 J_PER_WH = 3600.0
+SPREAD_COLUMNS = (
+    "energy_per_token_J_mean",
+    "energy_per_token_J_std",
+    "energy_per_token_windows",
+    "output_tokens_per_request",
+)
 EMULATED_PREFIX = "emulated"
 
 # How our batch-1 inference windows differ from AI Energy Score's protocol (Hugging Face's
@@ -122,7 +128,9 @@ def ai_energy_score(summary: pd.DataFrame, spread: pd.DataFrame) -> pd.DataFrame
 
 def window_spread(energy: pd.DataFrame) -> pd.DataFrame:
     """Per point: mean, standard deviation and count of J/token over its ok headline windows."""
-    win = windows(energy)
+    win = windows(energy[WINDOW_COLUMNS]) if len(energy) else pd.DataFrame(columns=POINT_KEYS)
+    if win.empty:
+        return pd.DataFrame(columns=[*POINT_KEYS, *SPREAD_COLUMNS])
     win = win[win["phase"].isin(HEADLINE_PHASES) & (win["status"] == Status.OK)].copy()
     per_token = win["energy_per_output_token_j"].where(
         win["phase"] != "train", win["energy_per_train_token_j"]
@@ -171,7 +179,7 @@ def mlcommons(summary: pd.DataFrame, spread: pd.DataFrame, measurement: dict) ->
     out["thermal_stabilization_seconds"] = float(measurement["cooldown_s"])
     out["thermal_stabilization_method"] = THERMAL_NOTE
     spread = _with_spread(s, spread)
-    for c in ("energy_per_token_J_mean", "energy_per_token_J_std", "energy_per_token_windows"):
+    for c in SPREAD_COLUMNS[:3]:
         out[c] = spread[c].to_numpy()
     out["energy_per_token_unit"] = np.where(
         s["scenario"] == "training", "J per trained token", "J per output token"

@@ -47,11 +47,12 @@ def test_crate_of_a_real_sweep_holds_every_required_file(archived):
     from rocrate.rocrate import ROCrate
 
     from energysweep.archive import contents
+    from energysweep.archive.readback import entity_path
 
     wf, crate_zip = archived
     crate = ROCrate(crate_zip)
     root = Path(crate.source)
-    ids = {e.id for e in crate.data_entities} | {crate.mainEntity.id}
+    ids = {entity_path(e) for e in crate.data_entities} | {crate.mainEntity.id}
     manifest = json.loads((root / "manifest.json").read_text())
     want = [*contents.REQUIRED, *manifest["locks"]]
     want += [f"{j}/{f}" for j in manifest["jobs"] for f in ("job.json", "power.parquet")]

@@ -151,8 +151,11 @@ def make_results(tmp_path: Path, emulated: bool = False, publication: dict | Non
     (results / "grid" / "jobs.tsv").write_text("model\tbackend\nb\tpytorch\n")
     (results / "grid" / "skipped.tsv").write_text("model\treason\ntiny\ttoo big\n")
     energy = energy_rows(emulated)
-    (results / "energy.parquet").mkdir()
-    energy.to_parquet(results / "energy.parquet" / "part-0.parquet", index=False)
+    # Hive-partitioned like the merge's dataset: '=' in the path (percent-encoded in crate ids).
+    (results / "energy.parquet" / "model=tiny").mkdir(parents=True)
+    energy.drop(columns="model").to_parquet(
+        results / "energy.parquet" / "model=tiny" / "part-0.parquet", index=False
+    )
     summary_of(energy).to_csv(results / "summary.csv", index=False)
     job_jsons, envs = [], []
     for job_id, scenario in (("j1", "inference"), ("j2", "training")):

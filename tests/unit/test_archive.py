@@ -15,7 +15,7 @@ from rocrate.rocrate import ROCrate
 from energysweep.archive import compare, contents
 from energysweep.archive.contents import MissingInput
 from energysweep.archive.crate import EMULATED_TAG, archive, crate_name
-from energysweep.archive.readback import ArchiveError, open_crate
+from energysweep.archive.readback import ArchiveError, entity_path, open_crate
 
 PUBLICATION = {
     "title": "Tiny sweep",
@@ -39,12 +39,12 @@ def crate_zip(tmp_path_factory) -> Path:
 
 def test_crate_read_back_holds_every_required_file(crate_zip):
     crate = ROCrate(crate_zip)
-    ids = {e.id for e in crate.data_entities} | {crate.mainEntity.id}
+    ids = {entity_path(e) for e in crate.data_entities} | {crate.mainEntity.id}
     root = Path(crate.source)
     jobs = json.loads((root / "manifest.json").read_text())["jobs"]
     want = [
         *contents.REQUIRED,
-        "energy.parquet/part-0.parquet",
+        "energy.parquet/model=tiny/part-0.parquet",
         "locks/venv.lock",
         "locks/vllm-cpu.lock",
     ]

@@ -13,6 +13,7 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from energysweep.archive import contents as C
 
@@ -80,9 +81,15 @@ def _manifest(root: Path, path: Path) -> dict:
     return manifest
 
 
+def entity_path(entity) -> str:
+    """A data entity's path in the crate: its id, percent-decoded (ro-crate-py encodes ``=``,
+    spaces and the like in ids; the zip holds the plain names)."""
+    return unquote(entity.id)
+
+
 def missing_files(crate, root: Path, manifest: dict) -> list[str]:
     """Every required file, job file and lock the crate lacks (on disk or in its metadata)."""
-    listed = {e.id for e in crate.data_entities} | {C.WORKFLOW_FILE}
+    listed = {entity_path(e) for e in crate.data_entities} | {C.WORKFLOW_FILE}
     want = list(C.REQUIRED)
     want += [f"{j}/{f}" for j in manifest.get("jobs", []) for f in ("job.json", "power.parquet")]
     want += list(manifest.get("locks", []))
@@ -101,9 +108,9 @@ def altered_files(crate, root: Path) -> list[str]:
     out = []
     for e in crate.data_entities:
         want = e.properties().get("sha256")
-        path = root / e.id
+        path = root / entity_path(e)
         if want and path.is_file() and C.sha256(path) != want:
-            out.append(e.id)
+            out.append(entity_path(e))
     return out
 
 

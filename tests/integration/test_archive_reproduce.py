@@ -16,10 +16,10 @@ from conftest import VENV_BIN, local_sweep, test_env
 pytestmark = pytest.mark.integration
 
 # One job (pytorch inference, tp=pp=dp=1), one batch size, two repetitions: the cheapest sweep
-# with a CI per point.
+# with a CI per point; tp=2 is skipped (more GPUs than max_gpus_per_job), with its reason.
 TINY = {
     "scenarios": ["inference"],
-    "parallel": {"tp": [1], "pp": [1], "dp": [1]},
+    "parallel": {"tp": [1, 2], "pp": [1], "dp": [1], "max_gpus_per_job": 1},
     "workload": {"batch_sizes": [1], "repetitions": 2, "iterations": 1},
     "publication": {"title": "tiny", "license": "https://spdx.org/licenses/CC0-1.0"},
 }

@@ -86,6 +86,7 @@ def test_an_unmeasured_point_is_null_never_zero():
     mc = mc[mc["scenario"] == "inference"].set_index("batch_size")
     assert math.isnan(mc.loc[4, "energy_per_token_J_mean"])
     assert "no GPU energy measured" in mc.loc[4, "measurement_method"]
+    assert math.isnan(mc.loc[4, "sampling_rate_hz"])  # no counter was read
 
 
 def test_emulated_rows_are_labelled(tmp_path):

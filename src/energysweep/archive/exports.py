@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from energysweep.aggregate.windows import WINDOW_COLUMNS, windows
+from energysweep.aggregate.windows import MEASURED, WINDOW_COLUMNS, windows
 from energysweep.tables.io import atomic_path
 from energysweep.tables.phases import HEADLINE_PHASES
 from energysweep.tables.shards import POINT_KEYS
@@ -152,9 +152,17 @@ def window_spread(energy: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
+def _counter(summary: pd.DataFrame) -> pd.Series:
+    """Points whose GPU energy came from a counter (a source that reads one, and a figure)."""
+    source = summary["energy_source"].fillna("none").astype(str)
+    return source.str.contains("nvml|zeus|cross-check") & summary["gpu_energy_status"].isin(
+        MEASURED
+    )
+
+
 def _method(summary: pd.DataFrame) -> pd.Series:
     source = summary["energy_source"].fillna("none").astype(str)
-    counter = source.str.contains("nvml|zeus|cross-check")
+    counter = _counter(summary)
     return pd.Series(
         np.where(
             counter,
@@ -173,8 +181,8 @@ def mlcommons(summary: pd.DataFrame, spread: pd.DataFrame, measurement: dict) ->
     out["load"] = s["load"]
     out["measurement_method"] = _method(s)
     period = pd.to_numeric(s.get("counter_period_s"), errors="coerce")
-    # The counter's refresh rate is the rate at which energy is resolved; no counter: null.
-    out["sampling_rate_hz"] = (1.0 / period).where(period > 0)
+    # The counter's refresh rate is the rate at which energy is resolved; no counter read: null.
+    out["sampling_rate_hz"] = (1.0 / period).where((period > 0) & _counter(s))
     out["power_timeline_sampling_rate_hz"] = float(measurement["sampler_hz"])
     out["thermal_stabilization_seconds"] = float(measurement["cooldown_s"])
     out["thermal_stabilization_method"] = THERMAL_NOTE

@@ -192,6 +192,10 @@ def test_side_by_side_marks_points_whose_cis_overlap_reproduced():
     assert pairs.loc[8, "comparison_status"] == "point missing from the re-run"
     points = compare.point_verdicts(compare.side_by_side(archived, rerun)).set_index("batch_size")
     assert list(points["reproduced"]) == [True, False, False]
+    nothing = _summary({1: (float("nan"), float("nan"), float("nan"))})
+    verdict = compare.point_verdicts(compare.side_by_side(nothing, nothing)).iloc[0]
+    assert pd.isna(verdict["reproduced"])
+    assert verdict["reproduction_status"].startswith("nothing to compare")
 
 
 def test_environment_diff_says_a_different_gpu_model_loudly():

@@ -47,11 +47,16 @@ def _keyed(summary: pd.DataFrame) -> pd.DataFrame:
     return s.set_index(POINT_KEYS)
 
 
+MISSING = "point missing from the re-run"
+
+
 def _status(a, a_lo, a_hi, r, r_lo, r_hi, present: bool) -> str:
     if not present:
-        return "point missing from the re-run"
+        return MISSING
     if pd.isna(a) and pd.isna(r):
-        return "not measured in either"
+        return (
+            "null in both (not measured or not applicable: the summaries' status columns say why)"
+        )
     if pd.isna(a) or pd.isna(r):
         return "measured in only one"
     if any(pd.isna(v) for v in (a_lo, a_hi, r_lo, r_hi)):
@@ -98,22 +103,41 @@ def side_by_side(archived: pd.DataFrame, rerun: pd.DataFrame) -> pd.DataFrame:
 
 
 def point_verdicts(pairs: pd.DataFrame) -> pd.DataFrame:
-    """Per point: figures compared, figures whose CIs overlap, and ``reproduced``."""
+    """Per point: figures compared, figures whose CIs overlap, and ``reproduced`` (null, with
+    ``reproduction_status`` saying so, where no figure could be compared)."""
     if pairs.empty:
         return pd.DataFrame(
-            columns=[*POINT_KEYS, "figures_compared", "figures_agree", "reproduced"]
+            columns=[
+                *POINT_KEYS,
+                "figures_compared",
+                "figures_agree",
+                "reproduced",
+                "reproduction_status",
+            ]  # fmt: skip
         )
     compared = pairs["comparison_status"] == "ok"
     agree = pairs["cis_overlap"].fillna(False).astype(bool) & compared
+    missing = pairs["comparison_status"] == MISSING
     per = (
-        pairs.assign(compared=compared, agree=agree)
+        pairs.assign(compared=compared, agree=agree, missing=missing)
         .groupby(POINT_KEYS, sort=True)
-        .agg(figures_compared=("compared", "sum"), figures_agree=("agree", "sum"))
+        .agg(
+            figures_compared=("compared", "sum"),
+            figures_agree=("agree", "sum"),
+            missing=("missing", "any"),
+        )
         .reset_index()
     )
-    per["reproduced"] = (per["figures_compared"] > 0) & (
-        per["figures_agree"] == per["figures_compared"]
+    compared_any = per["figures_compared"] > 0
+    agreed = compared_any & (per["figures_agree"] == per["figures_compared"])
+    decided = compared_any | per["missing"]
+    per["reproduced"] = pd.Series(agreed, dtype="boolean").where(decided, pd.NA)
+    per["reproduction_status"] = np.select(
+        [per["missing"], agreed, compared_any],
+        [MISSING, "reproduced", "a figure's CIs do not overlap"],
+        "nothing to compare (no figure with a value and a CI in both)",
     )
+    per = per.drop(columns="missing")
     return per
 
 

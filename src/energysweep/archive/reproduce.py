@@ -136,7 +136,8 @@ def write_comparison(archive: Archive, rerun_results: Path, out: Path, notes: li
     rerun_hash = yaml.safe_load((rerun_results / "config.yaml").read_text())["sweep_hash"]
     counts = {
         "points": len(points),
-        "reproduced": int(points["reproduced"].sum()) if len(points) else 0,
+        "compared": int(points["reproduced"].notna().sum()) if len(points) else 0,
+        "reproduced": int(points["reproduced"].fillna(False).sum()) if len(points) else 0,
         "gpu_model_warning": warning,
         "same_sweep_hash": rerun_hash == archive.manifest["sweep_hash"],
     }
@@ -144,8 +145,10 @@ def write_comparison(archive: Archive, rerun_results: Path, out: Path, notes: li
     if warning:
         lines += [f"**{warning}**", ""]
     lines += [
-        f"{counts['reproduced']} of {counts['points']} points reproduced (every compared "
-        "figure's 95% CIs overlap): points.csv; every figure: figures.csv.",
+        f"{counts['reproduced']} of {counts['compared']} compared points reproduced (every "
+        "compared figure's 95% CIs overlap); "
+        f"{counts['points'] - counts['compared']} of the {counts['points']} points had no figure "
+        "with a value and a CI in both: points.csv; every figure: figures.csv.",
         f"Sweep hash: archived {archive.manifest['sweep_hash']}, re-run {rerun_hash}.",
         "",
         "## Environment differences (environment.csv)",
@@ -185,7 +188,8 @@ def reproduce(
     if counts["gpu_model_warning"]:
         print(counts["gpu_model_warning"], file=sys.stderr)
     print(
-        f"{counts['reproduced']} of {counts['points']} points reproduced; "
+        f"{counts['reproduced']} of {counts['compared']} compared points reproduced "
+        f"({counts['points']} points); "
         f"side by side: {dest / 'comparison'}"
     )
     return dest

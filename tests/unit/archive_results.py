@@ -18,9 +18,9 @@ import yaml
 from energysweep.aggregate.points import summarize
 from energysweep.aggregate.windows import windows
 from energysweep.archive.exports import write_exports
-from energysweep.measure.provenance import environment_rows
 from energysweep.sweep import config as es_config
 from energysweep.tables import shards
+from energysweep.tables.environment import environment_rows
 
 from tests_rows import row
 

@@ -37,7 +37,7 @@ LOAD_GENERATOR_MODULE = "vllm.benchmarks.serve"
 PROBE_TIMEOUT_S = 300  # importing vLLM (torch, transformers, triton) takes 5-30 s on 2 busy cores
 # Probe results that succeeded, per workflow run directory (see _cache_key).
 CACHE_FILE = Path(".snakemake") / "energysweep" / "environments.json"
-_memo: dict[tuple, dict] = {}
+_memo: dict[str, dict] = {}
 
 
 def interpreter(

@@ -50,7 +50,8 @@ def _keyed(summary: pd.DataFrame) -> pd.DataFrame:
 MISSING = "point missing from the re-run"
 
 
-def _status(a, a_lo, a_hi, r, r_lo, r_hi, present: bool) -> str:
+def _status(values: list, present: bool) -> str:
+    a, a_lo, a_hi, r, r_lo, r_hi = values
     if not present:
         return MISSING
     if pd.isna(a) and pd.isna(r):
@@ -76,7 +77,7 @@ def side_by_side(archived: pd.DataFrame, rerun: pd.DataFrame) -> pd.DataFrame:
                 vals += [r.at[key, fig], r.at[key, f"{fig}_ci_low"], r.at[key, f"{fig}_ci_high"]]
             else:
                 vals += [np.nan] * 3
-            status = _status(*vals, present=present)
+            status = _status(vals, present=present)
             overlap = None
             if status == "ok":
                 overlap = bool(vals[1] <= vals[5] and vals[4] <= vals[2])

@@ -14,6 +14,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -101,7 +102,7 @@ def _run_times(results: Path) -> tuple[str | None, str | None]:
 
 def build(
     results: Path, workflow: Path, job_jsons: list[Path], stage: Path, name: str
-) -> tuple[object, dict]:
+) -> tuple[Any, dict]:
     """The crate of the sweep in ``results`` (derived files staged in ``stage``)."""
     from rocrate.rocrate import ROCrate
 
@@ -170,7 +171,7 @@ def build(
 
 def _add_run(crate, wf, files: dict, results: Path, people: list, name: str) -> None:
     start, end = _run_times(results)
-    props = {"name": f"Run of the energysweep workflow: {name}"}
+    props: dict[str, object] = {"name": f"Run of the energysweep workflow: {name}"}
     if start:
         props["startTime"], props["endTime"] = start, end
     if people:

@@ -139,7 +139,7 @@ def jobs_table(
                 "env_lock_sha256": lock_hash,
                 # The crate's copy of that lock; null: the job's lock differs from every lock
                 # of the checkout archived (it ran from another commit's environment).
-                "env_lock_in_crate": lock_by_hash.get(lock_hash),
+                "env_lock_in_crate": lock_by_hash.get(str(lock_hash)),
             }
         )
     return pd.DataFrame(rows)
@@ -184,7 +184,7 @@ def code_version(workflow: Path, job_versions: list[str]) -> tuple[dict, str | N
         "status": status,
         "jobs_code_versions": sorted(set(job_versions)),
         # The jobs' commits are the archived checkout's: else the diff is not what they ran.
-        "jobs_match_commit": bool(commit) and all(commit.startswith(s) for s in short),
+        "jobs_match_commit": commit is not None and all(commit.startswith(s) for s in short),
     }
     return version, diff
 

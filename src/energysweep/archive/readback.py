@@ -13,6 +13,7 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 from energysweep.archive import contents as C
@@ -28,7 +29,7 @@ class ArchiveError(ValueError):
 class Archive:
     """A crate read back: its ro-crate-py object, the extracted directory and its manifest."""
 
-    crate: object
+    crate: Any
     root: Path
     manifest: dict
 

@@ -50,7 +50,8 @@ def check_locks(archive: Archive, workflow: Path, allow_other: bool) -> list[str
     """The locks the crate's jobs ran from against this machine's environments; notes."""
     jobs = pd.read_csv(archive.file("jobs.csv"))
     here = installed_locks(workflow)
-    notes, errors = [], []
+    notes: list[str] = []
+    errors: list[str] = []
     for lock in sorted({str(v) for v in jobs["env_lock"].dropna()}):
         copy = archive.file(f"{LOCK_DIR}/{Path(lock).name}")
         if not copy.is_file():

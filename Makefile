@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv vllm-env lint lock lock-check dryrun report clean bench slurm-up slurm-down preflight chromium gpu-check
+.PHONY: run test venv vllm-env lint lock lock-check dryrun report clean bench slurm-up slurm-down preflight chromium gpu-check archive reproduce
 
 # Environments install from lock files with hashes (envs/*.lock, made by `make lock`, see
 # envs/locks.py): `pip install --require-hashes --no-deps`, so a commit installs the same versions
@@ -153,6 +153,23 @@ NO_SLURM := SLURM_CONF=/dev/null
 run: $(STAMP) $(VLLM_STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local --report results/report.html --report-after-run
 	@echo "report: $(CURDIR)/results/report.html  (summary: results/summary.csv)"
+
+# The sweep in results/ as one citable file, results/archive/<name>.crate.zip (a Workflow Run
+# RO-Crate: docs/archive.md), read back and validated; its size is printed. The report is made by
+# --report, not by a rule: built first when missing. On Slurm, end a sweep with the `archive` rule
+# (snakemake --profile profiles/slurm archive) after its report.
+archive: $(STAMP)
+	@[ -f results/report.html ] || $(NO_SLURM) $(SNAKEMAKE) --profile profiles/local --report results/report.html
+	$(NO_SLURM) $(SNAKEMAKE) --profile profiles/local archive
+
+# Re-run an archived sweep on this machine from its crate alone (config and locks) into
+# reproduced/<name>-<time>/ (never results/), then compare every point (docs/archive.md).
+# REPRODUCE_ARGS=--allow-other-environments runs even where the locks differ (reported).
+ARCHIVE ?=
+REPRODUCE_ARGS ?=
+reproduce: $(STAMP) $(VLLM_STAMP)
+	@[ -n "$(ARCHIVE)" ] || { echo "make reproduce: set ARCHIVE=<crate>, e.g. ARCHIVE=$$(ls results/archive/*.crate.zip 2>/dev/null | head -1)" >&2; exit 2; }
+	$(NO_SLURM) $(BIN)/python -m energysweep.archive.reproduce "$(ARCHIVE)" --workflow $(CURDIR) --snakemake $(CURDIR)/$(SNAKEMAKE) $(REPRODUCE_ARGS)
 
 # The report test opens results/report.html in Debian's headless chromium. The two environments
 # and chromium are built side by side (mostly downloads and unpacking). Then two pytest sessions

@@ -12,6 +12,7 @@ include: "rules/model.smk"
 include: "rules/measure.smk"
 include: "rules/aggregate.smk"
 include: "rules/report.smk"
+include: "rules/archive.smk"
 include: "rules/preflight.smk"
 
 

@@ -16,6 +16,7 @@ from energysweep.sweep import gpu_axes
 from energysweep.util.version import code_version
 from energysweep.job.backends import BACKENDS
 from energysweep.job.spec import JobDir, JobKey, JobSpec
+from energysweep.archive.crate import crate_name, config_emulated
 from energysweep.launch import gpu_claims
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
@@ -266,7 +267,17 @@ def get_final_outputs():
         *rules.figures.output,
         *rules.report_pages.output,
         HEADLINE,
+        *rules.exports.output,
     ]
+
+
+def get_archive_name():
+    """The crate's name: the sweep's hash, and EMULATED for a sweep on the emulated GPU node."""
+    return crate_name(SWEEP_HASH, config_emulated(config))
+
+
+def get_archive_path():
+    return f"results/archive/{get_archive_name()}.crate.zip"
 
 
 def get_preflight_slots():

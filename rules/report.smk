@@ -9,6 +9,7 @@ localrules:
     figures,
     report_pages,
     headline,
+    exports,
 
 
 rule figures:
@@ -109,3 +110,23 @@ rule headline:
         "../envs/base.yaml"
     script:
         "../scripts/headline.py"
+
+
+# The summary in the units other benchmarks publish: ML.ENERGY, AI Energy Score, MLCommons
+# (energysweep.archive.exports; docs/exports.md says where each format comes from).
+rule exports:
+    input:
+        summary="results/summary.csv",
+        energy="results/energy.parquet",
+    output:
+        mlenergy="results/exports/mlenergy.csv",
+        ai_energy_score="results/exports/ai_energy_score.csv",
+        mlcommons="results/exports/mlcommons.csv",
+    log:
+        "logs/exports.log",
+    conda:
+        "../envs/base.yaml"
+    params:
+        measurement=config["measurement"],
+    script:
+        "../scripts/exports.py"

@@ -159,3 +159,21 @@ def test_preflight_reads_the_emulated_node(emulated_run):
     assert "require_energy auto -> gpu" in verdict
     assert re.search(r"advances every (99|10\d) ms", verdict), verdict  # 99.9 ms on h200-sxm
     assert "zeus     ok" in verdict, verdict
+
+
+@pytest.mark.timeout(900)
+def test_exports_carry_the_emulated_gpu_energy_in_public_units(emulated_run):
+    wf, _ = emulated_run
+    out = wf / "results" / "exports"
+    ml = pd.read_csv(out / "mlenergy.csv")
+    assert ml["emulated_gpu"].all() and not ml["valid"].any()
+    assert ml["energy_per_output_token_J"].gt(0).all() and ml["energy_per_request_J"].gt(0).all()
+    summary = pd.read_csv(wf / "results" / "summary.csv")
+    assert set(ml["gpu_model"]) == set(summary["gpu_model"]) and ml["gpu_model"].notna().all()
+    score = pd.read_csv(out / "ai_energy_score.csv")
+    assert score.empty  # the emulated sweep has no batch-1 point (batch_sizes [2])
+    assert "gpu_energy_per_1000_queries_Wh" in score.columns
+    mc = pd.read_csv(out / "mlcommons.csv")
+    assert mc["energy_per_token_J_mean"].gt(0).all() and mc["energy_per_token_windows"].eq(2).all()
+    assert mc["sampling_rate_hz"].gt(0).all()  # the emulated counter's refresh rate
+    assert mc["measurement_method"].str.startswith("emulated:nvml").all()

@@ -23,6 +23,7 @@ from energysweep.aggregate import (
     summarize,
     windows,
 )
+from energysweep.aggregate.job_time import job_time_columns
 from energysweep.aggregate.publish import publish
 from energysweep.aggregate.windows import WINDOW_COLUMNS
 from energysweep.job.sections import Facility
@@ -95,7 +96,8 @@ def aggregate(
             table.select(ladder.NODE_COLUMNS).to_pandas(),
             None if facility_config is None else Facility.from_config(facility_config),
         )
-        summary = pd.concat([summary, setting, rungs], axis=1)
+        # ... and where each job's time went (job.json timing.phases_s).
+        summary = pd.concat([summary, setting, rungs, job_time_columns(summary, records)], axis=1)
     validation = stages = None
     if validation_out is not None or stages_out is not None:
         summary, validation, stages = verdict.evaluate(

@@ -26,10 +26,12 @@ from energysweep.hw import nvml as hw_nvml
 from energysweep.job.backends import SERVING
 from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
+from energysweep.measure import phase_clock
 from energysweep.measure.monitor import JobMonitor
 from energysweep.scenarios.base import Scenario
 from energysweep.tables import io as tables_io
 from energysweep.tables import shards
+from energysweep.tables.phases import JobPhase
 
 
 def _seed(seed: int) -> dict:
@@ -128,7 +130,8 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     from energysweep.scenarios.inference import InferenceScenario
 
     t_load = time.time()
-    backend = load_backend(job, ctx)
+    with phase_clock.during(JobPhase.LOAD):
+        backend = load_backend(job, ctx)
     load_s = time.time() - t_load
     monitor = JobMonitor(job, ctx, backend=backend)
     scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
@@ -165,13 +168,15 @@ def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int
     job_tables = []  # rank 0: every shard of the job, for the job table
     for bs in job.batch_sizes:
         for rep, rows in enumerate(scenario.point(bs)):
-            gathered = dist.gather(rows)
-            if ctx.rank == 0:
-                # A serving client's rows are final (one process measures every GPU).
-                rows = _flat(gathered) if scenario.rows_final else combine_ranks(gathered)
-                table = shards.to_table(rows)
-                tables_io.write_atomic(table, job.outputs.shard(bs, rep))
-                job_tables.append(table)
+            with phase_clock.during(JobPhase.WRITE):
+                gathered = dist.gather(rows)
+                if ctx.rank == 0:
+                    # A serving client's rows are final (one process measures every GPU).
+                    rows = _flat(gathered) if scenario.rows_final else combine_ranks(gathered)
+                    table = shards.to_table(rows)
+                    tables_io.write_atomic(table, job.outputs.shard(bs, rep))
+                    job_tables.append(table)
+    phase_clock.switch(JobPhase.TEARDOWN)  # the last window is behind: the rest is teardown
     if ctx.rank != 0:
         return None
     # The same rows in one file: what the merge reads (one file per job, not per window).
@@ -180,12 +185,32 @@ def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int
     return job_table.num_rows
 
 
+def _timing(monitor, scenario, load_s, window_ns, startups) -> dict:
+    """job.json ``timing``: rank 0's wall time, split into phases that add up to it."""
+    # The process's life up to now (energysweep.measure.phase_clock); its phases add up to it.
+    phases = phase_clock.CLOCK.totals()
+    wall_s = phase_clock.CLOCK.wall_s()
+    return {
+        "rank0_wall_s": wall_s,
+        "phases_s": phases,
+        "model_load_s": load_s,
+        "idle_baseline_s": monitor.idle_window_s,
+        "idle_start_ns": monitor.idle_ns[0],
+        "idle_end_ns": monitor.idle_ns[1],
+        "window_s": window_ns[0] / 1e9,
+        "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
+        "backend_startup": startups if any(startups) else None,
+        # Serving: each server's start, warm-up and stop, each load run's ramp, window
+        # and drain (bench/serving_overhead.py reads them).
+        "serving": getattr(scenario, "timing", None),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="the launched job (JobDir.spec_file)")
     args = parser.parse_args(argv)
     job = LaunchedJob.load(args.spec)
-    t_start = time.time()
     ctx, audits, seeds = _start_ranks(job)
     gpus = _gpus_measured(job, ctx)
     # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
@@ -210,17 +235,26 @@ def main(argv: list[str] | None = None) -> int:
     from energysweep.tables.job_record import write_job_record
 
     prompts = load_prompts(None if job.workload.prompts == "builtin" else job.workload.prompts)
+    phase_clock.switch(JobPhase.OTHER)  # the ranks are up: what follows is the job's own
     backend, load_s, monitor, scenario = _scenario(job, ctx, prompts)
-    job_table_rows = _measure(job, ctx, scenario)
+    job_table_rows = _measure(job, ctx, scenario)  # ends in the teardown phase
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(scenario.generations)
     window_ns = dist.gather(scenario.window_ns_total)
     # Engine start-up per rank (vLLM: import, engine init, compile), taken before any window.
     startups = dist.gather(getattr(backend, "startup", None))
+    scenario.close()  # serving: stops the last server, writes requests.parquet
+    monitor.close()
+    if owner is not None:
+        owner.close()  # the emulated GPU's ground truth (emulated/<host>/truth-*.parquet)
+    if backend is not None:
+        backend.close()  # collective: engine backends gather and write requests.parquet here
+    writer = backend if backend is not None else scenario
     if ctx.rank == 0:
+        if not getattr(writer, "writes_requests", False):
+            _write_no_requests(job)
         write_generations(generations, job.outputs.generations)
         write_power([s for rank in samples for s in rank], job.outputs.power, monitor.sampler_hz)
-        wall_s = time.time() - t_start
         environment = job_environment(
             monitor.env_start,
             monitor.env_end,
@@ -229,34 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             job.code_version,
             seeds,
         )
-        write_job_record(
-            job,
-            audits,
-            environment,
-            {
-                "rank0_wall_s": wall_s,
-                "model_load_s": load_s,
-                "idle_baseline_s": monitor.idle_window_s,
-                "idle_start_ns": monitor.idle_ns[0],
-                "idle_end_ns": monitor.idle_ns[1],
-                "window_s": window_ns[0] / 1e9,
-                "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
-                "backend_startup": startups if any(startups) else None,
-                # Serving: each server's start, warm-up and stop, each load run's ramp, window
-                # and drain (bench/serving_overhead.py reads them).
-                "serving": getattr(scenario, "timing", None),
-            },
-            job_table_rows,
-        )
-    scenario.close()  # serving: stops the last server, writes requests.parquet
-    monitor.close()
-    if owner is not None:
-        owner.close()  # the emulated GPU's ground truth (emulated/<host>/truth-*.parquet)
-    if backend is not None:
-        backend.close()  # collective: engine backends gather and write requests.parquet here
-    writer = backend if backend is not None else scenario
-    if not getattr(writer, "writes_requests", False) and ctx.rank == 0:
-        _write_no_requests(job)
+        # Last: its timing covers the whole job (the teardown above included).
+        timing = _timing(monitor, scenario, load_s, window_ns, startups)
+        write_job_record(job, audits, environment, timing, job_table_rows)
     dist.barrier()
     dist.destroy()
     return 0

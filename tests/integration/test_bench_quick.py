@@ -26,6 +26,7 @@ BENCHES = {
     "energy_accuracy.py": "energy_accuracy: ours worst |error| ",
     "validity_calibration.py": "false-invalid rate of healthy windows at the defaults: ",
     "serving_overhead.py": "serving time outside windows / inside: ",
+    "job_overhead.py": "job_overhead: sweep wall / windows = ",
 }
 
 

@@ -14,6 +14,7 @@ from energysweep.figures import (
     energy_ladder,
     energy_per_token,
     headline_html,
+    job_time_figure,
     layouts_at_equal_gpus,
     pareto_front,
     power_timeline,
@@ -136,6 +137,7 @@ def draw_all(
         "serving_slo": lambda: serving_slo(s, slo),
         "gpu_settings": lambda: settings_figure(every),
         "energy_ladder": lambda: energy_ladder(every),
+        "job_time": lambda: job_time_figure(every),
     }
     written = {}
     for name, out in outputs.items():

@@ -9,7 +9,9 @@ from energysweep.energy import GpuReading, make_source, wall_ns
 from energysweep.energy.node import NodeSource
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.phase_clock import during
 from energysweep.measure.settings import SettingsProbe
+from energysweep.tables.phases import JobPhase
 from energysweep.tables.status import EnergyStatus
 
 # The power timeline goes on this long after the last window: the re-check integrates the power
@@ -96,7 +98,8 @@ class JobMonitor:
         """
         self.env_start = dist.gather(self._rank_snapshot(with_host=True))
         self.sampler.start()
-        self.measure_idle(synchronize or self.synchronize)
+        with during(JobPhase.IDLE_BASELINE):
+            self.measure_idle(synchronize or self.synchronize)
 
     def measure_idle(self, synchronize) -> None:
         """Idle power of every GPU (and host) of this rank, before any window of the job."""

@@ -18,6 +18,8 @@ import math
 
 from energysweep import dist
 from energysweep.energy import wall_ns
+from energysweep.measure.phase_clock import switch
+from energysweep.tables.phases import JobPhase
 
 
 def measure_window(
@@ -52,6 +54,8 @@ def measure_window(
         (``readings``), ``host`` and CPU-time (``cpu_s``) readings, and the GPU settings read
         at both edges (``settings``).
     """
+    # Rank time (timing.phases_s): edges (syncs, barriers, alignment, reads), then the window.
+    previous = switch(JobPhase.EDGES)
     before = settings.read() if settings is not None else None
     if node is not None:
         node.begin()
@@ -65,6 +69,7 @@ def measure_window(
     host.begin()
     cpu.begin()
     start = wall_ns()
+    switch(JobPhase.WINDOW)
     t0 = clock()
     it, target = 0, min_iters
     while True:
@@ -80,11 +85,13 @@ def measure_window(
     synchronize()
     dist.barrier()
     end = wall_ns()
+    switch(JobPhase.EDGES)
     cpu_s = cpu.end()
     host_reading = host.end()
     readings = energy.end()  # waits for the counters' next refreshes, after the edge
     after = settings.read() if settings is not None else None
     node_reading = node.end() if node is not None else None
+    switch(previous)
     return {
         "start": start,
         "end": end,

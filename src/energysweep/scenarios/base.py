@@ -15,10 +15,11 @@ from abc import ABC, abstractmethod
 from energysweep import dist
 from energysweep.energy import CpuTime
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.phase_clock import during, switch
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
 from energysweep.measure.settings import SettingNotApplied
 from energysweep.measure.window import measure_window
-from energysweep.tables.phases import Phase
+from energysweep.tables.phases import JobPhase, Phase
 from energysweep.tables.status import Status
 from energysweep.util import faults
 from energysweep.util.oom import is_oom
@@ -89,6 +90,11 @@ class Scenario(ABC):
     def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the scenario holds for the whole job."""
 
+    def cool_down(self, seconds: float) -> None:
+        """Idle before a window (``measurement.cooldown_s``)."""
+        with during(JobPhase.COOLDOWN):
+            self.sleep(seconds)
+
     def measured(self, step, min_iters: int, synchronize) -> dict:
         """The window rule (:func:`energysweep.measure.window.measure_window`) on this rank."""
         w = measure_window(
@@ -111,11 +117,13 @@ class Scenario(ABC):
         cooldown_s = float(self.m.cooldown_s)
         windows: list[list[dict]] = []
         error = None
+        phase = switch(JobPhase.OTHER)  # job.json timing.phases_s; restored however it ends
         try:
             layout = (self.ctx.layout.tp, self.ctx.layout.pp, self.ctx.layout.dp)
             faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
             self.check_settings(bs)
-            self.prepare(bs)
+            with during(JobPhase.WARMUP):  # batches, warm-up (training: its model, a LOAD)
+                self.prepare(bs)
             for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
@@ -124,6 +132,7 @@ class Scenario(ABC):
             error = self.point_error(exc, is_oom(exc))
         finally:
             self.end_point()
+            switch(phase)
         return self.agree_on_failure(error, bs, windows)
 
     def check_settings(self, bs: int) -> None:

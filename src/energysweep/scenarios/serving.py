@@ -29,6 +29,7 @@ from pathlib import Path
 from energysweep.energy import wall_ns
 from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.phase_clock import during, switch
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.serving_client import (
     Watchdog,
@@ -46,7 +47,7 @@ from energysweep.scenarios.serving_probes import (
 )
 from energysweep.scenarios.serving_stats import request_phase, window_stats
 from energysweep.tables import requests
-from energysweep.tables.phases import Phase
+from energysweep.tables.phases import JobPhase, Phase
 from energysweep.util.http import http_get
 
 
@@ -110,7 +111,7 @@ class ServingScenario(Scenario):
     def repetition(self, cap: int, rep: int, cooldown_s: float) -> list[dict]:
         rows = []
         for point in self.loads:
-            self.sleep(cooldown_s)
+            self.cool_down(cooldown_s)
             rows += self.measure_load(cap, rep, point)
         return rows
 
@@ -132,8 +133,9 @@ class ServingScenario(Scenario):
         self.watchdog.arm(timeout + self.watchdog.seconds)
         self.server = server
         try:
-            server.start()
-            start_s = server.wait_healthy(timeout)
+            with during(JobPhase.SERVER_START):
+                server.start()
+                start_s = server.wait_healthy(timeout)
         except BaseException:
             self.stop_server()  # whatever of it runs; its whole log goes into the rule's log
             raise
@@ -151,7 +153,8 @@ class ServingScenario(Scenario):
         if server is None:
             return
         t0 = time.monotonic()
-        killed = server.stop(self.stop_grace_s)
+        with during(JobPhase.TEARDOWN):
+            killed = server.stop(self.stop_grace_s)
         for rec in self.timing["servers"]:
             if server.proc is not None and rec["pid"] == server.proc.pid:
                 rec.update({"stop_s": time.monotonic() - t0, "killed": killed})
@@ -221,6 +224,7 @@ class ServingScenario(Scenario):
             # GPU settings and node energy are read outside the edges, as measure_window does,
             # and the GPU counters' refreshes awaited (energy/ticks.py) before the start edge:
             # the edge is where the counters' start values are taken.
+            switch(JobPhase.EDGES)  # job.json timing.phases_s: ramp, edges, window, drain
             settings = m.settings.read()
             m.node.begin()
             m.energy.prepare()
@@ -228,12 +232,14 @@ class ServingScenario(Scenario):
             m.energy.begin()
             m.host.begin()
             self.server_cpu.begin()
+            switch(JobPhase.WINDOW)
             return {"wall_ns": start, "metrics": read_counters(), "settings": settings}
 
         def on_close():
             end = wall_ns()
+            switch(JobPhase.EDGES)
             readings, host, cpu_s = m.energy.end(), m.host.end(), self.server_cpu.end()
-            return {
+            closed = {
                 "wall_ns": end,
                 "readings": readings,
                 "host": host,
@@ -242,11 +248,15 @@ class ServingScenario(Scenario):
                 "settings": m.settings.read(),
                 "node": m.node.end(),
             }
+            switch(JobPhase.DRAIN)
+            return closed
 
         queue = QueueSamples()
-        run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
-        self.server.check()
-        settle_s = self._settle(read_counters)
+        with during(JobPhase.RAMP):  # on_open / on_close move it on to the window, the drain
+            run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
+        with during(JobPhase.DRAIN):
+            self.server.check()
+            settle_s = self._settle(read_counters)
         if run.open_s is None or run.close_s is None:
             raise RuntimeError(f"load {point.key} at batch cap {cap}: no steady-state window")
         self.window_ns_total += run.closed["wall_ns"] - run.opened["wall_ns"]

@@ -25,11 +25,12 @@ from __future__ import annotations
 from energysweep import dist
 from energysweep.job.sections import Training
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.phase_clock import during
 from energysweep.scenarios.accelerate_world import audit_accelerator, make_accelerator
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.train_data import load_samples
 from energysweep.scenarios.trainers import make_trainer, uses_accelerate
-from energysweep.tables.phases import Phase
+from energysweep.tables.phases import JobPhase, Phase
 
 
 def training_config(job: LaunchedJob) -> Training:
@@ -92,14 +93,17 @@ class TrainingScenario(Scenario):
 
     def prepare(self, bs: int) -> None:
         self.last_step_losses = []
-        self.trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
+        with during(JobPhase.LOAD):  # a trainable copy of the model per point
+            self.trainer = make_trainer(
+                self.ctx, self.cfg, bs, self.samples, None, self.accelerator
+            )
         for _ in range(self.cfg.warmup_steps):
             self.trainer.step()
         if self.cfg.warmup_steps:
             self.trainer.take_losses()
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
-        self.sleep(cooldown_s)
+        self.cool_down(cooldown_s)
         w = self.train_window(self.trainer, bs)
         self.last_step_losses.append(w["step_losses"])
         return [{**r, "loss": w["loss"]} for r in self._rows(bs, rep, Phase.TRAIN, w)]

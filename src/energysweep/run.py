@@ -124,7 +124,8 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
         # Training loads a trainable copy of the model per grid point (inside its windows'
         # set-up): no job-level load.
         monitor = JobMonitor(job, ctx)
-        scenario = TrainingScenario(job, ctx, prompts, monitor)
+        with phase_clock.during(JobPhase.LOAD):  # tokenizer, training samples, parameter count
+            scenario = TrainingScenario(job, ctx, prompts, monitor)
         monitor.start()
         return None, None, monitor, scenario
     from energysweep.scenarios.inference import InferenceScenario
@@ -134,7 +135,8 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
         backend = load_backend(job, ctx)
     load_s = time.time() - t_load
     monitor = JobMonitor(job, ctx, backend=backend)
-    scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
+    with phase_clock.during(JobPhase.LOAD):  # the parameter count
+        scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
     monitor.start(backend.synchronize)
     return backend, load_s, monitor, scenario
 
@@ -152,7 +154,8 @@ def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
         server_for_job, job, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")
     )
     monitor = JobMonitor(job, ctx, backend=ServedGpus(ctx.layout.world_size))
-    scenario = ServingScenario(job, ctx, prompts, monitor, make_server)
+    with phase_clock.during(JobPhase.LOAD):  # the tokenizer, the parameter count
+        scenario = ServingScenario(job, ctx, prompts, monitor, make_server)
     t0 = time.time()
     scenario.start_server(job.batch_sizes[0])
     monitor.start()

@@ -434,7 +434,14 @@ def test_every_second_of_every_job_is_in_a_phase(local_run):
         scenarios.add(rec["job"]["scenario"])
         if rec["job"]["scenario"] == "serving":
             assert phases["server_start"] > 0 and phases["ramp"] > 0, phases
-        mine = summary[summary["job_id"] == rec["job_id"]]
+        k = rec["job"]
+        mine = summary[
+            summary["backend"].eq(k["backend"])
+            & summary["scenario"].eq(k["scenario"])
+            & summary["tp"].eq(k["tp"])
+            & summary["pp"].eq(k["pp"])
+            & summary["dp"].eq(k["dp"])
+        ]
         assert len(mine) and (mine["job_time_status"] == "counted").all()
         assert mine["job_window_s"].iloc[0] == pytest.approx(phases["window"])
         assert mine["job_wall_s"].iloc[0] == pytest.approx(t["rank0_wall_s"])

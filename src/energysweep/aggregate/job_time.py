@@ -9,10 +9,12 @@ A job.json without phases (written by an older energysweep) leaves them null wit
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
 
+from energysweep.job.spec import JOB_KEYS
 from energysweep.tables.phases import JOB_PHASES
 
 PHASE_COLUMNS = [f"job_{p.value}_s" for p in JOB_PHASES]
@@ -22,13 +24,23 @@ COUNTED, NOT_RECORDED = "counted", "not_recorded"
 NULL_STATUS = {c: (STATUS_COLUMN,) for c in COLUMNS}
 
 
-def job_time(records: dict[Path, dict]) -> pd.DataFrame:
-    """One row per job (``job_id``): its wall time, window fraction and seconds per phase."""
-    rows = []
+def _key(values) -> tuple:
+    """A job's key (:data:`JOB_KEYS`) as text, a missing or null axis as None: the same from
+    job.json's ``job`` and from a summary row."""
+    out = []
+    for k in JOB_KEYS:
+        v = values.get(k)
+        out.append(None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+    return tuple(out)
+
+
+def job_time(records: dict[Path, dict]) -> dict[tuple, dict]:
+    """Job key -> its wall time, window fraction, seconds per phase and status."""
+    out = {}
     for record in records.values():
         timing = record.get("timing") or {}
         phases = timing.get("phases_s")
-        row = {"job_id": record.get("job_id")}
+        row = dict.fromkeys(COLUMNS)
         if phases:
             row.update(
                 job_wall_s=timing.get("rank0_wall_s"),
@@ -36,17 +48,16 @@ def job_time(records: dict[Path, dict]) -> pd.DataFrame:
                 **{f"job_{p.value}_s": phases.get(p.value) for p in JOB_PHASES},
             )
         row[STATUS_COLUMN] = COUNTED if phases else NOT_RECORDED
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["job_id", *COLUMNS, STATUS_COLUMN])
+        out[_key(record.get("job") or {})] = row
+    return out
 
 
 def job_time_columns(summary: pd.DataFrame, records: dict[Path, dict] | None) -> pd.DataFrame:
-    """:data:`COLUMNS` and the status for every row of ``summary`` (by ``job_id``), same index;
+    """:data:`COLUMNS` and the status for every row of ``summary`` (by its job key), same index;
     no columns without ``records`` (shards merged without their job.json)."""
     if records is None:
         return pd.DataFrame(index=summary.index)
-    table = job_time(records).drop_duplicates("job_id")
-    out = summary[["job_id"]].merge(table, on="job_id", how="left")
-    out[STATUS_COLUMN] = out[STATUS_COLUMN].fillna(NOT_RECORDED)
-    out.index = summary.index
-    return out.drop(columns="job_id")
+    jobs = job_time(records)
+    missing = {**dict.fromkeys(COLUMNS), STATUS_COLUMN: NOT_RECORDED}
+    rows = [jobs.get(_key(r), missing) for r in summary.to_dict("records")]
+    return pd.DataFrame(rows, index=summary.index, columns=[*COLUMNS, STATUS_COLUMN])

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from energysweep.figures.draw import new_figure, only_note
+from energysweep.job.spec import JOB_KEYS
 from energysweep.tables.phases import JOB_PHASES, JobPhase
 
 # The window stands out; set-up phases in warm colours, waits in greys, the rest light.
@@ -37,7 +38,8 @@ def jobs_of(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per job with its phases recorded, in the summary's key order."""
     if summary.empty or "job_wall_s" not in summary:
         return summary.iloc[0:0]
-    jobs = summary.dropna(subset=["job_wall_s"]).drop_duplicates("job_id")
+    jobs = summary.dropna(subset=["job_wall_s"])
+    jobs = jobs.drop_duplicates([k for k in JOB_KEYS if k in jobs])
     keys = [k for k in KEYS if k in jobs]
     return jobs.sort_values(keys).reset_index(drop=True)
 

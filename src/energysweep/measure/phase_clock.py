@@ -16,6 +16,10 @@ from contextlib import contextmanager
 
 from energysweep.tables.phases import JOB_PHASES, JobPhase
 
+# A stretch of one phase at least this long is printed when it ends (the job's log says where
+# a slow job's time went, e.g. ``phase warmup: 17.9 s``).
+LOG_AFTER_S = 2.0
+
 
 def process_age_s() -> float:
     """Seconds since this process was created (0.0 where /proc cannot say)."""
@@ -34,12 +38,14 @@ class PhaseClock:
 
     Args:
         clock: monotonic seconds.
+        log: called with a line for each stretch of a phase of :data:`LOG_AFTER_S` or more.
         age_s: how long the process ran before this clock was made (counted as ``phase``).
         phase: the phase it starts in.
     """
 
-    def __init__(self, clock=time.monotonic, age_s: float = 0.0, phase=JobPhase.START):
+    def __init__(self, clock=time.monotonic, age_s: float = 0.0, phase=JobPhase.START, log=None):
         self.clock = clock
+        self.log = log
         self.t0 = clock() - age_s
         self._since = self.t0
         self.current = JobPhase(phase)
@@ -48,7 +54,10 @@ class PhaseClock:
     def switch(self, phase: JobPhase) -> JobPhase:
         """Enter ``phase`` now; returns the phase that was current."""
         now = self.clock()
-        self._totals[self.current] += now - self._since
+        stretch = now - self._since
+        self._totals[self.current] += stretch
+        if self.log is not None and stretch >= LOG_AFTER_S:
+            self.log(f"phase {self.current.value}: {stretch:.1f} s (at {now - self.t0:.1f} s)")
         self._since = now
         previous, self.current = self.current, JobPhase(phase)
         return previous
@@ -71,7 +80,11 @@ class PhaseClock:
         return {p.value: self._totals[p] for p in JOB_PHASES}
 
 
-CLOCK = PhaseClock(age_s=process_age_s())
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+CLOCK = PhaseClock(age_s=process_age_s(), log=_print)
 
 
 def during(phase: JobPhase):

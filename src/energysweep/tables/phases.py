@@ -30,7 +30,7 @@ class JobPhase(str, Enum):
     """
 
     START = "start"  # interpreter start, imports, process group, world audit, fail-closed check
-    LOAD = "load"  # model / engine load (training: each point's trainable copy)
+    LOAD = "load"  # model, engine, tokenizer, data (training: also each point's model copy)
     SERVER_START = "server_start"  # serving: a batch cap's server, spawn to healthy
     WARMUP = "warmup"  # unmeasured warm-up iterations / steps / requests of each point
     IDLE_BASELINE = "idle_baseline"  # the idle power measurement before the first window

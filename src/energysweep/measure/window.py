@@ -37,6 +37,9 @@ def measure_window(
 ) -> dict:
     """The window rule (module docstring) around ``step(i)``, called once per iteration.
 
+    Why this is long: the edges are one sequence (reads, sync, barrier, alignment, the window,
+    and the same in reverse) that reads top to bottom; split, their order would be hidden.
+
     Args:
         step: runs iteration ``i`` (a batch, an optimizer step).
         min_iters: the fewest iterations of the window.
@@ -52,7 +55,7 @@ def measure_window(
     Returns:
         The window's edges (ns, ``start``/``end``), its ``iterations`` and its energy
         (``readings``), ``host`` and CPU-time (``cpu_s``) readings, and the GPU settings read
-        at both edges (``settings``).
+        at both edges (``settings``), the start edge's wait for counter refreshes (``align_s``).
     """
     # Rank time (timing.phases_s): edges (syncs, barriers, alignment, reads), then the window.
     previous = switch(JobPhase.EDGES)
@@ -63,7 +66,9 @@ def measure_window(
     dist.barrier()
     # The GPU source waits for its counters' refreshes (energysweep.energy.ticks); the window
     # starts when every rank's has.
+    align_s = clock()
     energy.prepare()
+    align_s = clock() - align_s
     dist.barrier()
     energy.begin()
     host.begin()
@@ -101,4 +106,5 @@ def measure_window(
         "cpu_s": cpu_s,
         "settings": (before, after),
         "node": node_reading,
+        "align_s": align_s,
     }

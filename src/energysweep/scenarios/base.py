@@ -65,6 +65,9 @@ class Scenario(ABC):
         self.collective_timeout_s = float(job.limits.collective_timeout_s)
         self.cpu = CpuTime()
         self.window_ns_total = 0
+        # The shortest start-edge wait for counter refreshes so far (cool_down); None: none yet.
+        self._align_s = 0.0
+        self._aligned: float | None = None
         self.generations: list[dict] = []
         self.params, self.params_method = model_parameters(job, ctx.model_dir)
 
@@ -91,9 +94,12 @@ class Scenario(ABC):
         """Release what the scenario holds for the whole job."""
 
     def cool_down(self, seconds: float) -> None:
-        """Idle before a window (``measurement.cooldown_s``)."""
+        """Idle before a window (``measurement.cooldown_s``), less the wait for the energy
+        counters' refreshes at its start edge (the previous window's), which is idle too: the
+        GPU still rests at least ``seconds`` before the edge, and the job waits once, not twice.
+        """
         with during(JobPhase.COOLDOWN):
-            self.sleep(seconds)
+            self.sleep(max(0.0, seconds - self._align_s))
 
     def measured(self, step, min_iters: int, synchronize) -> dict:
         """The window rule (:func:`energysweep.measure.window.measure_window`) on this rank."""
@@ -110,6 +116,9 @@ class Scenario(ABC):
             node=self.monitor.node,
         )
         self.window_ns_total += w["end"] - w["start"]
+        # The shortest wait so far: the next one is at least as long (two refreshes).
+        self._align_s = w["align_s"] if self._aligned is None else min(self._aligned, w["align_s"])
+        self._aligned = self._align_s
         return w
 
     def point(self, bs: int) -> list[list[dict]]:

@@ -75,9 +75,10 @@ def export(ref: str, dst: Path) -> Path:
     return dst
 
 
-def run_arm(name: str, root: Path, tmp: Path, quick: bool) -> dict:
-    """One sweep from the workflow at ``root``: its wall time and every job's record."""
-    wf = workflow_copy(tmp / name, root=root)
+def run_arm(name: str, root: Path, tmp: Path, quick: bool, folder: str) -> dict:
+    """One sweep from the workflow at ``root`` in ``tmp/folder``: its wall time and every job's
+    record. (A plain folder name: a path with spaces breaks compilers that tools start.)"""
+    wf = workflow_copy(tmp / folder, root=root)
     add_benchmark_directive(wf)
     argv = [str(VENV_BIN / "snakemake"), "--profile", "profiles/local"]
     argv += ["--report", "results/report.html", "--report-after-run"]
@@ -148,16 +149,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one PyTorch job (baseline: HEAD)")
     ap.add_argument("--baseline", help="git ref to run first, side by side (default: none)")
+    ap.add_argument("--keep", type=Path, help="keep the arms' workflow copies in this folder")
     args = ap.parse_args()
     baseline = args.baseline or ("HEAD" if args.quick else None)
     print(f"machine: {machine()}")
     arms = []
     with tempfile.TemporaryDirectory(prefix="bench-job-overhead-") as tmp:
-        tmp = Path(tmp)
+        tmp = args.keep or Path(tmp)
         if baseline:
             src = export(baseline, tmp / "baseline-src")
-            arms.append(run_arm(f"before ({baseline})", src, tmp, args.quick))
-        arms.append(run_arm("after (this checkout)", ROOT, tmp, args.quick))
+            arms.append(run_arm(f"before ({baseline})", src, tmp, args.quick, "before"))
+        arms.append(run_arm("after (this checkout)", ROOT, tmp, args.quick, "after"))
     for arm in arms:
         phase_table(arm)
     side_by_side(arms)

@@ -140,6 +140,7 @@ lint: $(STAMP) lock-check
 	$(BIN)/ruff check src tests bench scripts envs .ci
 	$(BIN)/ruff format --check src tests bench scripts envs .ci
 	$(BIN)/snakefmt --check Snakefile rules
+	$(BIN)/mypy src/
 
 # Can this machine (or, with PROFILE=profiles/slurm, the sweep's nodes) measure energy? Always
 # reruns; prints a one-screen verdict; non-zero when measurement.require_energy is not met.

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import pynvml as real  # noqa: E402
 
 from energysweep.hw import emulated  # noqa: E402
-from energysweep.hw.emulated import settings as es_settings  # noqa: E402
+from energysweep.hw.emulated import node_config  # noqa: E402
 from energysweep.hw.emulated.node import Node  # noqa: E402
 from energysweep.hw.emulated.truth import Truth  # noqa: E402
 
@@ -66,7 +66,7 @@ def power_average_s() -> float:
     """validity.power_average_s's default (the schema's), as the merge's re-check uses it."""
     import yaml
 
-    schema = yaml.safe_load(es_settings.SCHEMA_PATH.read_text())
+    schema = yaml.safe_load(node_config.SCHEMA_PATH.read_text())
     return float(schema["properties"]["validity"]["properties"]["power_average_s"]["default"])
 
 
@@ -138,7 +138,7 @@ class Bench:
 
     def __init__(self, tmp: Path, rng: np.random.Generator, **overrides):
         self.t = EPOCH_NS
-        section = {**es_settings.section_defaults(), **overrides}
+        section = {**node_config.section_defaults(), **overrides}
         self.node = Node(
             emulated.prepare(tmp, section, EPOCH_NS), tmp, host="bench", clock=lambda: self.t
         )

@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from energysweep.sweep import config as es_config
 from energysweep.sweep import interpreters
-from energysweep.sweep import settings as es_settings
-from energysweep.measure.provenance import code_version
+from energysweep.sweep import gpu_axes
+from energysweep.util.version import code_version
 from energysweep.job.backends import BACKENDS
 from energysweep.job.spec import JobDir, JobKey, JobSpec
 
@@ -49,8 +49,8 @@ SERVING_CAPS = sorted(config["serving"]["batch_caps"] or BATCH_SIZES)
 REPS = list(range(config["workload"]["repetitions"]))
 
 # The job-key columns of this sweep's paths: JOB_KEYS, the GPU setting axes (gpu.power_limit_w,
-# gpu.clock) only where the config sweeps them (energysweep.sweep.settings.path_keys).
-PATH_KEYS = es_settings.path_keys(config)
+# gpu.clock) only where the config sweeps them (energysweep.sweep.gpu_axes.path_keys).
+PATH_KEYS = gpu_axes.path_keys(config)
 JOBS = pd.DataFrame([j.wildcards() for j in GRID.jobs], columns=PATH_KEYS)
 PARAMS = Paramspace(JOBS)
 JOB_DIR = f"results/shards/{PARAMS.wildcard_pattern}"
@@ -65,8 +65,8 @@ wildcard_constraints:
     tp=r"\d+",
     pp=r"\d+",
     dp=r"\d+",
-    power_limit_w=es_settings.WILDCARD_CONSTRAINTS["power_limit_w"],
-    gpu_clock=es_settings.WILDCARD_CONSTRAINTS["gpu_clock"],
+    power_limit_w=gpu_axes.WILDCARD_CONSTRAINTS["power_limit_w"],
+    gpu_clock=gpu_axes.WILDCARD_CONSTRAINTS["gpu_clock"],
 
 
 def world_size(wildcards):
@@ -200,13 +200,13 @@ def get_job_spec(wildcards):
 
 def get_slurm_extra(wildcards):
     """`--gpu-freq=<gpu.clock>` on the job's sbatch: Slurm sets the clocks (and resets them)."""
-    return es_settings.slurm_extra(get_job(wildcards).key)
+    return gpu_axes.slurm_extra(get_job(wildcards).key)
 
 
 def get_constraint(wildcards):
     """The node feature asking the site's prolog for the power limit (gpu.power_limit_method
     slurm-prolog), else None (no --constraint)."""
-    return es_settings.constraint(get_job(wildcards).key, config)
+    return gpu_axes.constraint(get_job(wildcards).key, config)
 
 
 def get_all_job_records():

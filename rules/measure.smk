@@ -30,7 +30,7 @@ rule measure:
         tasks_per_gpu=get_tasks_per_gpu,
         mem_mb=get_mem_mb,
         # gpu.clock as `--gpu-freq` and a slurm-prolog power limit as `--constraint`
-        # (energysweep.sweep.settings); None adds no flag. Ignored off Slurm.
+        # (energysweep.sweep.gpu_axes); None adds no flag. Ignored off Slurm.
         slurm_extra=get_slurm_extra,
         constraint=get_constraint,
     params:
@@ -44,7 +44,7 @@ rule measure:
         "../scripts/measure.py"
 
 
-# A serving job (energysweep.scenarios.serving): the same step, one shard per batch cap and
+# A serving job (energysweep.scenarios.serving.scenario): the same step, one shard per batch cap and
 # repetition (each holds every load level's window of that repetition).
 use rule measure as serve with:
     output:

@@ -10,7 +10,7 @@ from energysweep.util.steplog import step_log  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with step_log(sm.log[0], sm.rule):
-    # The job-key columns of the sweep's paths (energysweep.sweep.settings.path_keys).
+    # The job-key columns of the sweep's paths (energysweep.sweep.gpu_axes.path_keys).
     COLS = list(sm.params.key_columns)
     for path, rows, cols in (
         (sm.output.jobs, sm.params.jobs, COLS),

@@ -6,7 +6,7 @@ import numpy as np
 import pynvml as real
 
 from energysweep.hw import emulated
-from energysweep.hw.emulated import settings as es_settings
+from energysweep.hw.emulated import node_config
 from energysweep.hw.emulated.node import Node
 
 EPOCH_NS = 1_700_000_000 * 10**9
@@ -30,7 +30,7 @@ class VirtualClock:
 
 def section(**overrides) -> dict:
     """``measurement.emulated`` with the schema's defaults and ``overrides``."""
-    return {**es_settings.section_defaults(), **overrides}
+    return {**node_config.section_defaults(), **overrides}
 
 
 def make_node(tmp_path, host="esnode1", clock=None, **overrides):

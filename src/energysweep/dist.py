@@ -16,6 +16,7 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from energysweep.job.backends import BACKENDS
 from energysweep.job.layout import ParallelLayout, RankCoords
@@ -148,7 +149,7 @@ def init(placement: Placement, device: str, timeout_s: float) -> tuple[int, int,
         # coordinate window edges and gather rows, on the CPU.
         on_gpu = device.startswith("cuda") and mode == "torchrun"
         pg_backend = "nccl" if on_gpu else "gloo"
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if pg_backend == "nccl":
             import torch
 

@@ -8,13 +8,13 @@ then renames). This is the one module that calls both stages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 
 from energysweep.aggregate import (
-    environment_table,
     gpu_setting,
     ladder,
     load_job_records,
@@ -27,6 +27,7 @@ from energysweep.aggregate.job_time import job_time_columns
 from energysweep.aggregate.publish import publish
 from energysweep.aggregate.windows import WINDOW_COLUMNS
 from energysweep.job.sections import Facility
+from energysweep.tables.environment import environment_table
 from energysweep.validity import verdict
 
 # Every summary column's null policy: the aggregate's, the GPU setting's, the ladder's and the
@@ -107,11 +108,11 @@ def aggregate(
             verdict.Thresholds.from_config(validity_config),
         )
     # (output path, writer of a temp file beside it), in publishing order.
-    files: list[tuple[Path, object]] = [
+    files: list[tuple[Path, Callable[[str], object]]] = [
         (Path(summary_out), lambda tmp: summary.to_csv(tmp, index=False)),
     ]
     if jobs is not None and environment_out is not None:
-        env = pa.Table.from_pandas(environment_table(jobs, records), preserve_index=False)
+        env = environment_table(jobs, records)
         files.append((Path(environment_out), lambda tmp: pq.write_table(env, tmp)))
     if validation_out is not None:
         files.append(
@@ -122,6 +123,7 @@ def aggregate(
                 ),
             )
         )
-    if stages_out is not None:
-        files.append((Path(stages_out), lambda tmp: stages.to_csv(tmp, index=False)))
+    if stages_out is not None and stages is not None:
+        stage_table = stages
+        files.append((Path(stages_out), lambda tmp: stage_table.to_csv(tmp, index=False)))
     publish(table, energy_out, files)

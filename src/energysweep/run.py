@@ -76,7 +76,7 @@ def _gpus_measured(job: LaunchedJob, ctx: dist.RankContext) -> list[str]:
     """The GPUs this process measures: its own device's, or a serving client's every GPU of the
     job (by NVML alone: the client must not open a CUDA context on its server's GPUs)."""
     if job.key.scenario == SERVING:
-        from energysweep.scenarios.serving_client import ServedGpus
+        from energysweep.scenarios.serving.client import ServedGpus
 
         served = ctx.device.startswith("cuda") or hw_nvml.emulated()
         return ServedGpus(ctx.layout.world_size).gpu_uuids() if served else []
@@ -125,9 +125,9 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
         # set-up): no job-level load.
         monitor = JobMonitor(job, ctx)
         with phase_clock.during(JobPhase.LOAD):  # tokenizer, training samples, parameter count
-            scenario = TrainingScenario(job, ctx, prompts, monitor)
+            training = TrainingScenario(job, ctx, prompts, monitor)
         monitor.start()
-        return None, None, monitor, scenario
+        return None, None, monitor, training
     from energysweep.scenarios.inference import InferenceScenario
 
     t_load = time.time()
@@ -147,8 +147,8 @@ def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     from functools import partial
 
     from energysweep.launch.server import server_for_job
-    from energysweep.scenarios.serving import ServingScenario
-    from energysweep.scenarios.serving_client import ServedGpus
+    from energysweep.scenarios.serving.client import ServedGpus
+    from energysweep.scenarios.serving.scenario import ServingScenario
 
     make_server = partial(
         server_for_job, job, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")
@@ -209,16 +209,8 @@ def _timing(monitor, scenario, load_s, window_ns, startups) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="the launched job (JobDir.spec_file)")
-    args = parser.parse_args(argv)
-    job = LaunchedJob.load(args.spec)
-    ctx, audits, seeds = _start_ranks(job)
-    gpus = _gpus_measured(job, ctx)
-    # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
-    owner = hw_nvml.attach(gpus, pids=_gpu_load(job))
-    # Fail closed (measurement.require_energy) before the model is loaded.
+def _fail_closed(job: LaunchedJob, ctx: dist.RankContext, gpus: list[str]) -> None:
+    """measurement.require_energy, checked on every rank before the model is loaded."""
     from energysweep.validity.require import check_job
 
     check_job(
@@ -231,6 +223,17 @@ def main(argv: list[str] | None = None) -> int:
         gather=dist.gather,
     )
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="the launched job (JobDir.spec_file)")
+    args = parser.parse_args(argv)
+    job = LaunchedJob.load(args.spec)
+    ctx, audits, seeds = _start_ranks(job)
+    gpus = _gpus_measured(job, ctx)
+    # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
+    owner = hw_nvml.attach(gpus, pids=_gpu_load(job))
+    _fail_closed(job, ctx, gpus)
     from energysweep.energy.sampler import write_power
     from energysweep.measure.provenance import job_environment
     from energysweep.scenarios.prompts import load_prompts
@@ -254,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         backend.close()  # collective: engine backends gather and write requests.parquet here
     writer = backend if backend is not None else scenario
     if ctx.rank == 0:
+        if job_table_rows is None or samples is None:  # rank 0 holds both (_measure, gather)
+            raise RuntimeError("rank 0 holds no job table or no power samples")
         if not getattr(writer, "writes_requests", False):
             _write_no_requests(job)
         write_generations(generations, job.outputs.generations)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from jobspec import job_spec, limits
 
-from energysweep.hw.emulated import settings as es_settings
+from energysweep.hw.emulated import node_config
 from energysweep.job.spec import JobDir
 from energysweep.launch.job import JobFailed, run_job
 from energysweep.sweep.tinymodel import build_tiny_model
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration]
 
 
 def emulated(**overrides) -> dict:
-    return {"device": "emulated", "emulated": {**es_settings.section_defaults(), **overrides}}
+    return {"device": "emulated", "emulated": {**node_config.section_defaults(), **overrides}}
 
 
 CASES = {

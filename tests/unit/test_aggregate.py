@@ -4,6 +4,7 @@ import pandas as pd
 
 from energysweep import aggregate, results
 from energysweep.tables import shards
+from energysweep.tables.environment import environment_table
 
 from tests_rows import row
 
@@ -301,6 +302,6 @@ def test_environment_table(tmp_path):
         },
     }
     (tmp_path / "job.json").write_text(json.dumps(record))
-    env = aggregate.environment_table([tmp_path / "job.json"])
+    env = environment_table([tmp_path / "job.json"]).to_pandas()
     assert env.loc[0, "gpu_uuid"] == "GPU-a" and env.loc[0, "torch_version"] == "2.13.0"
     assert env.loc[0, "cpu_model"] == "Xeon" and env.loc[0, "job_id"] == "j1"

@@ -28,7 +28,8 @@ REASON = "Why this is long:"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"util", "hw", "job"}),  # helpers, hardware, what a job is (its typed spec, keys)
     frozenset({"tables"}),  # every table's schema, the status vocabulary, atomic writes
-    frozenset({"energy", "torchpp", "dist"}),  # energy sources; PyTorch TP/PP; rank setup
+    frozenset({"energy", "gpu_setting", "torchpp", "dist"}),  # energy sources; GPU setting
+    # control; PyTorch TP/PP; rank setup
     frozenset({"measure", "validity"}),  # the window rule and monitor; trust checks
     frozenset({"backends", "scenarios", "aggregate", "sweep", "launch"}),
     frozenset({"run", "results", "figures"}),  # rank entry point; published results; report
@@ -41,16 +42,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "hw": frozenset(),
     "job": frozenset(),
     "energy": frozenset({"hw", "tables"}),
+    "gpu_setting": frozenset({"hw", "job", "tables"}),
     "torchpp": frozenset({"job"}),
     "dist": frozenset({"job"}),
-    "measure": frozenset({"dist", "energy", "hw", "job", "tables", "util"}),
+    "measure": frozenset({"dist", "energy", "gpu_setting", "hw", "job", "tables", "util"}),
     "validity": frozenset({"energy", "hw", "job", "tables", "util"}),
     "backends": frozenset({"dist", "energy", "hw", "job", "tables", "torchpp", "util"}),
-    "scenarios": frozenset({"dist", "energy", "hw", "job", "measure", "tables", "torchpp", "util"}),
-    "aggregate": frozenset({"job", "measure", "tables", "util"}),
-    "sweep": frozenset({"job", "tables", "util", "validity"}),
-    # hw: the launcher prepares an emulated GPU node's state for the job (hw.emulated).
-    "launch": frozenset({"hw", "job", "measure", "tables", "util"}),
+    "scenarios": frozenset(
+        {"dist", "energy", "gpu_setting", "hw", "job", "measure", "tables", "torchpp", "util"}
+    ),
+    "aggregate": frozenset({"job", "tables", "util"}),
+    # hw: the emulated node's config section is checked when the workflow loads
+    # (hw.emulated.node_config, pure).
+    "sweep": frozenset({"hw", "job", "tables", "util"}),
+    # hw: the launcher prepares an emulated GPU node's state for the job (hw.emulated);
+    # gpu_setting: it sets the job's GPUs before the ranks start and puts them back after.
+    "launch": frozenset({"gpu_setting", "hw", "job", "tables", "util"}),
     "run": frozenset(
         {
             "aggregate",
@@ -221,6 +228,17 @@ def test_allowed_imports_checker_fails_on_a_forbidden_edge():
     assert disallowed_imports(edges, ALLOWED) == [
         "energysweep.tables.shards -> energysweep.aggregate.points (tables may import only ['job'])"
     ]
+
+
+# Edges the house took out (issue 28): the launcher sets GPUs through gpu_setting, not the
+# rank-side measure; config checks live with the config (sweep), not in validity; the
+# environment table's reader lives in tables, not measure.
+FORBIDDEN = (("launch", "measure"), ("sweep", "validity"), ("aggregate", "measure"))
+
+
+def test_forbidden_edges_stay_out_of_the_table():
+    allowed_back = [f"{a} -> {b}" for a, b in FORBIDDEN if b in ALLOWED[a]]
+    assert not allowed_back, f"the allowed-imports table lets these back in: {allowed_back}"
 
 
 def test_packages_import_only_what_the_table_allows():

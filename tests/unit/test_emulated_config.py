@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from energysweep.hw.emulated import settings as es_settings
+from energysweep.hw.emulated import node_config
 from energysweep.sweep import config as es_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_bad_emulated_section_is_refused_naming_the_key(emulated, names):
 
 def test_a_good_section_resolves_with_the_profiles_values_for_nulls():
     load({"profile": "a100-sxm", "faults": [{"kind": "missing_gpu", "gpu": 3}]})
-    node = es_settings.resolve({**es_settings.section_defaults(), "profile": "a100-sxm"}, 7)
+    node = node_config.resolve({**node_config.section_defaults(), "profile": "a100-sxm"}, 7)
     assert (node.counter_period_s, node.power_avg_window_s) == (0.1, 0.1)  # a100: GA100
     assert node.epoch_ns == 7 and node.faults == ()
-    assert es_settings.NodeSettings.from_json(node.to_json()) == node
+    assert node_config.NodeSettings.from_json(node.to_json()) == node

@@ -39,7 +39,7 @@ def test_a_rank_process_drives_its_gpu_and_others_read_it(tmp_path):
     emulated.prepare(tmp_path, section(counter_jitter_s=0.0), time.time_ns())
     env = emulated.job_env(
         tmp_path,
-        emulated.settings.read(tmp_path),
+        emulated.node_config.read(tmp_path),
         {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
     )
     nvml = emulated.make_module(real, lambda: emulated.node_from_env(env), environ=env)

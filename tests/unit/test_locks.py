@@ -116,13 +116,14 @@ def test_stamps_follow_content_not_file_times_and_a_linked_venv_is_never_install
 
 def test_snapshot_and_environment_rows_carry_the_lock(tmp_path):
     from energysweep.measure import provenance
+    from energysweep.tables.environment import environment_rows
 
     lock = {"lock": "envs/venv.lock", "lock_sha256": locks.sha256(ROOT / "envs/venv.lock")}
     assert provenance.env_lock() == lock  # this process runs in .venv
     assert provenance.snapshot()["env_lock"] == lock
     assert provenance.env_lock(tmp_path) is None  # not built from a lock: null, never a guess
     hosts = [{"host": "h", "env_lock": lock}, {"host": "g", "env_lock": None}]
-    rows = provenance.environment_rows(
+    rows = environment_rows(
         {"job_id": "j", "environment": {"hosts": hosts, "gpus": [{"host": "h"}, {"host": "g"}]}}
     )
     assert [(r["env_lock"], r["env_lock_sha256"]) for r in rows] == [

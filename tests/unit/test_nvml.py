@@ -1,5 +1,6 @@
 import inspect
 
+import pyarrow as pa
 import pynvml as real
 import pytest
 
@@ -207,6 +208,7 @@ def test_unknown_source_named():
 
 def test_gpu_snapshot_and_job_environment(fake_nvml):
     from energysweep.measure import provenance as envinfo
+    from energysweep.tables import environment
 
     mod = fake_nvml(fake_pynvml.h100s(2))
     g = mod.fake_gpus[1]
@@ -244,9 +246,13 @@ def test_gpu_snapshot_and_job_environment(fake_nvml):
     assert gpu["ranks"] == [0, 1] and gpu["host"] == "node0"
     assert (gpu["temperature_start_c"], gpu["temperature_end_c"]) == (40, 71)
     assert env["git_commit"] == "abc123def456"
-    (row,) = envinfo.environment_rows({"job_id": "j1", "environment": env})
+    (row,) = environment.environment_rows({"job_id": "j1", "environment": env})
     assert row["gpu_uuid"] == g.uuid and row["zeus_version"] == "0.16.0"
     assert row["gpu_temperature_end_c"] == 71 and row["seed"] == 0
+    # Every row key is a column of the table's schema, and a snapshot's values fit its types.
+    assert list(row) == environment.schema().names
+    table = pa.Table.from_pylist([row], schema=environment.schema())
+    assert table.column("gpu_temperature_end_c").to_pylist() == [71]
 
 
 def test_mig_slice_is_unavailable_not_guessed(fake_nvml, monkeypatch):

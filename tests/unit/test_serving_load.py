@@ -1,5 +1,5 @@
 """The serving client's load runs, windows and probes, without a server: a fake sender and
-arrival generator drive energysweep.scenarios.serving_load's real loop."""
+arrival generator drive energysweep.scenarios.serving.load's real loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from energysweep.scenarios.serving_load import (
+from energysweep.scenarios.serving.load import (
     CONCURRENCY,
     RATE,
     LoadPoint,
@@ -17,13 +17,13 @@ from energysweep.scenarios.serving_load import (
     RequestRecord,
     run_load,
 )
-from energysweep.scenarios.serving_probes import (
+from energysweep.scenarios.serving.probes import (
     QueueSamples,
     ServerCpuTime,
     parse_metrics,
     queue_time_mean_s,
 )
-from energysweep.scenarios.serving_stats import queued, request_phase, window_stats
+from energysweep.scenarios.serving.stats import queued, request_phase, window_stats
 
 
 def test_load_point_keys_and_checks():
@@ -225,7 +225,7 @@ def test_server_cpu_time_counts_the_named_processes():
 
 
 def test_a_stalled_server_is_not_sent_unbounded_requests(monkeypatch):
-    import energysweep.scenarios.serving_load as sl
+    import energysweep.scenarios.serving.load as sl
 
     monkeypatch.setattr(sl, "MIN_IN_FLIGHT", 10)
     monkeypatch.setattr(sl, "IN_FLIGHT_PER_SLOT", 2)

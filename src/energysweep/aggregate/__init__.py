@@ -1,29 +1,10 @@
 """Shards -> merged rows -> one row per window -> one row per grid point, in that order.
 
-Stages, one module each:
-
-- :mod:`.merge`: every job's table read once and verified against its job.json;
-- :mod:`.windows`: shard rows -> one row per measured window (the counting rule: GPU energy
-  summed over distinct GPU UUIDs, never a partial sum; host energy over distinct hosts);
-- :mod:`.points`: windows -> one row per grid point (medians over ok repetitions, the
-  prefill/decode split, training figures), with :mod:`.bootstrap` CIs of the median;
-- :mod:`.nulls`: every null in the summary is explained by a status column;
-- :mod:`.publish`: all outputs staged beside their names, then renamed (all or nothing).
-
-The validity verdict is a later stage (:mod:`energysweep.validity`);
-:mod:`energysweep.results` runs merge -> summary -> verdict -> publish.
-
-:mod:`.groups` is the group-by engine the vectorised stages share; tests/unit/
-aggregate_reference.py holds them to the per-window and per-point loops they replaced.
-Derived figures are never stored in shards (rows keep gross energy).
+Derived figures are never stored in shards (rows keep gross energy); the verdict is a later stage
+(energysweep.validity). Its modules, one per stage: docs/architecture.md.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
-
-import pandas as pd
 
 from energysweep.aggregate.bootstrap import bootstrap_ci
 from energysweep.aggregate.merge import (
@@ -55,7 +36,6 @@ __all__ = [
     "MergeInputError",
     "MissingJobTable",
     "bootstrap_ci",
-    "environment_table",
     "job_table_paths",
     "load_job_records",
     "merge",
@@ -66,16 +46,3 @@ __all__ = [
     "windows",
     "write_dataset",
 ]
-
-
-def environment_table(
-    job_json_paths: list[str | Path], records: dict[Path, dict] | None = None
-) -> pd.DataFrame:
-    """Every job's environment (job.json) as one row per (job, GPU); join on ``job_id``."""
-    from energysweep.measure.provenance import environment_rows
-
-    rows = []
-    for p in job_json_paths:
-        record = records[Path(p)] if records is not None else json.loads(Path(p).read_text())
-        rows += environment_rows(record)
-    return pd.DataFrame(rows)

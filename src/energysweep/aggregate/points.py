@@ -10,6 +10,8 @@ training figures do for inference points (``training_status``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -243,7 +245,7 @@ def _host_and_window_columns(
 
 def _ci_columns(ok: pd.DataFrame, ok_gid: np.ndarray, n: int, n_ok: np.ndarray) -> dict:
     """Per point the bootstrap CI of the median of each headline metric, and ``ci_status``."""
-    columns = {}
+    columns: dict[str, Any] = {}
     for metric in (
         "energy_per_output_token_j",
         "output_tokens_per_s",

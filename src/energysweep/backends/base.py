@@ -23,8 +23,11 @@ class Backend(ABC):
 
     name: str = ""
     writes_requests: bool = False
-    fatal_point_errors: bool = False
     startup: dict | None = None
+
+    @property
+    def fatal_point_errors(self) -> bool:
+        return False
 
     @abstractmethod
     def encode(self, prompts: list[str]):

@@ -39,6 +39,8 @@ across backends. vLLM is imported only when a job loads it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from energysweep.backends.engine_common import EngineBackend, max_batch_size, max_model_len
 from energysweep.job.names import segment_prefix
@@ -55,6 +57,8 @@ def engine_kwargs(job: JobSpec, model_dir: str, on_gpu: bool) -> dict:
     ``VLLM_CPU_KVCACHE_SPACE`` (energysweep.launch.argv.backend_env).
     """
     layout, engine = job.layout, job.engine
+    if engine is None:
+        raise ValueError(f"backend {job.key.backend}: the job has no engine section")
     kwargs = {
         "model": model_dir,
         # We pass token ids and never read text back: vLLM needs no tokenizer of its own.
@@ -138,19 +142,26 @@ def name_segments_per_job(prefix: str) -> bool:
     current = _CPUSHMDistributed.__dict__.get("make_group_name")
     if not isinstance(current, staticmethod):
         return False
-    vllm_name = getattr(current.__func__, "vllm_name", current.__func__)
-    seen: set[str] = set()
+    wrapped = current.__func__
+    vllm_name = wrapped.vllm_name if isinstance(wrapped, _GroupName) else wrapped
+    _CPUSHMDistributed.make_group_name = staticmethod(_GroupName(prefix, vllm_name))
+    return True
 
-    def make_group_name(communicator) -> str:
-        name = f"{prefix}-{vllm_name(communicator).lstrip('/-')}"
-        if name not in seen:
-            seen.add(name)
+
+class _GroupName:
+    """vLLM's ``make_group_name`` with the job's prefix; keeps vLLM's own (``vllm_name``), so
+    wrapping again wraps vLLM's, not ours."""
+
+    def __init__(self, prefix: str, vllm_name: Callable[[Any], str]):
+        self.prefix, self.vllm_name = prefix, vllm_name
+        self.seen: set[str] = set()
+
+    def __call__(self, communicator) -> str:
+        name = f"{self.prefix}-{self.vllm_name(communicator).lstrip('/-')}"
+        if name not in self.seen:
+            self.seen.add(name)
             print(f"vllm: CPU shared-memory group {name}", flush=True)
         return name
-
-    make_group_name.vllm_name = vllm_name
-    _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
-    return True
 
 
 def prompts_of(batch: list[list[int]]) -> list[dict]:

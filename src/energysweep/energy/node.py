@@ -35,9 +35,10 @@ class NodeSource:
         environ = os.environ if environ is None else environ
         self.job = environ.get("SLURM_JOB_ID")
         self.step = environ.get("SLURM_STEP_ID")
-        self.reason = None
-        self.period_s = None
-        self._start = self._start_ns = None
+        self.reason: str | None = None
+        self.period_s: float | None = None
+        self._start: float | None = None
+        self._start_ns: int | None = None
         if rank != 0:
             self.status, self.reason = EnergyStatus.NOT_READ, "global rank 0 reads the step's nodes"
             return
@@ -58,7 +59,7 @@ class NodeSource:
                 self.status, self.method_detail = EnergyStatus.MEASURED, plugin
         if self.status == EnergyStatus.UNAVAILABLE:
             device = node_meter.ipmi_device()
-            self.reason += (
+            self.reason = (self.reason or "") + (
                 f"; IPMI device {device} is readable, but energysweep reads IPMI only through "
                 "Slurm (acct_gather_energy/ipmi)"
                 if device
@@ -77,6 +78,8 @@ class NodeSource:
     def end(self) -> NodeReading:
         if not self.available:
             return NodeReading(None, self.status, "none", self.reason)
+        if self._start_ns is None:
+            raise RuntimeError("end() without begin()")
         stop = node_meter.step_energy_j(self.job, self.step)
         duration_s = (wall_ns() - self._start_ns) / 1e9
         if self._start is None or stop is None or stop < self._start:

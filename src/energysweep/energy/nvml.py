@@ -64,15 +64,18 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         hw_nvml.init()
         self._open = True
         self._clock, self._sleep = clock, sleep
-        self._gpus = []
+        self._gpus: list[dict] = []
         for uuid in gpu_uuids:
             handle = hw_nvml.handle_by_uuid(uuid)
             self._gpus.append({**hw_nvml.identity(handle), "handle": handle})
         # A GPU without the counter (pre-Volta) fails here, at setup, not in the first window.
         self._read()
-        self._start = None
-        self._anchor = None
-        self._start_ns = None
+        self._start: list[float] | None = None
+        self._raw_start: list[int] = []
+        self._unaligned: list[int] = []
+        # Per GPU (counter at its last refresh, that refresh's time or None, power in mW).
+        self._anchor: list[tuple[int, float | None, float]] | None = None
+        self._start_ns: int | None = None
         self.waited_s = 0.0  # time spent waiting for refreshes (the alignment's cost)
 
     def _read(self) -> list[int]:
@@ -89,25 +92,28 @@ class NvmlSource(EnergySource[list[GpuReading]]):
     def prepare(self) -> None:
         """Before the start edge: wait for two refreshes of each counter (the second gives the
         GPU's power just before the window)."""
+        self._anchor = self._anchors()
+
+    def _anchors(self) -> list[tuple[int, float | None, float]]:
         _, seen = self._refreshes(2)
-        now = self._read() if any(len(s) < 2 for s in seen) else None
-        self._anchor = []
+        now = self._read() if any(len(s) < 2 for s in seen) else []
+        anchors: list[tuple[int, float | None, float]] = []
         for i, s in enumerate(seen):
             if len(s) < 2:  # no refreshes (stuck counter): the value now, unaligned
-                self._anchor.append((now[i], None, 0.0))
+                anchors.append((now[i], None, 0.0))
                 continue
             (v1, t1), (v2, t2) = s
-            self._anchor.append((v2, t2, (v2 - v1) / (t2 - t1)))
+            anchors.append((v2, t2, (v2 - v1) / (t2 - t1)))
+        return anchors
 
     def begin(self) -> None:
         """The start edge: each counter at its last refresh plus the energy since, at the power
         before the window (a few ms at most after :meth:`prepare` and the barrier)."""
-        if self._anchor is None:
-            self.prepare()
+        anchor = self._anchor if self._anchor is not None else self._anchors()
         now = self._clock()
-        self._raw_start = [v for v, _, _ in self._anchor]  # counter values: backwards check
-        self._start = [v if t is None else v + mw * (now - t) for v, t, mw in self._anchor]
-        self._unaligned = [i for i, (_, t, _) in enumerate(self._anchor) if t is None]
+        self._raw_start = [v for v, _, _ in anchor]  # counter values: backwards check
+        self._start = [v if t is None else v + mw * (now - t) for v, t, mw in anchor]
+        self._unaligned = [i for i, (_, t, _) in enumerate(anchor) if t is None]
         self._anchor = None
         self._start_ns = wall_ns()
 
@@ -116,7 +122,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         energy from the edge to that refresh (the second refresh gives the idle power); never
         below the counter read at the edge (which holds less than the window's energy)."""
         at_edge, seen = self._refreshes(2)
-        now = self._read() if any(len(s) < 2 for s in seen) else None
+        now = self._read() if any(len(s) < 2 for s in seen) else []
         out = []
         for i, (g, s) in enumerate(zip(self._gpus, seen, strict=True)):
             if len(s) < 2:  # no refresh (stuck counter): the value now, unaligned
@@ -134,6 +140,8 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         return out, at_edge
 
     def end(self) -> list[GpuReading]:
+        if self._start is None or self._start_ns is None:
+            raise RuntimeError("end() without begin()")
         t_end, duration = self._clock(), wall_ns() - self._start_ns
         stop, at_edge = self._end_values(t_end)
         readings = []

@@ -33,8 +33,8 @@ class RaplSource(EnergySource[HostReading]):
             raise FileNotFoundError(f"no RAPL package zone under {root}")
         # Read once now so a permission problem surfaces at setup, not in the first window.
         self._read()
-        self._start = None
-        self._start_ns = None
+        self._start: tuple[list[int], list[int]] | None = None
+        self._start_ns: int | None = None
 
     def _read(self) -> tuple[list[int], list[int]]:
         return [z.read_uj() for z in self.packages], [z.read_uj() for z in self.drams]
@@ -44,6 +44,8 @@ class RaplSource(EnergySource[HostReading]):
         self._start = self._read()
 
     def end(self) -> HostReading:
+        if self._start is None or self._start_ns is None:
+            raise RuntimeError("end() without begin()")
         pkg_end, dram_end = self._read()
         pkg_start, dram_start = self._start
         pkg = sum(

@@ -80,8 +80,8 @@ class ZeusSource(EnergySource[list[GpuReading]]):
             cpu_indices=[],
             sync_execution_with="torch",
         )
-        self._key = None
-        self._start_ns = None
+        self._key: str | None = None
+        self._start_ns: int | None = None
 
     def begin(self) -> None:
         self._key = f"energysweep-{next(self._keys)}"
@@ -93,6 +93,8 @@ class ZeusSource(EnergySource[list[GpuReading]]):
             # Zeus warns on a 0 J window; we flag short windows ourselves.
             warnings.simplefilter("ignore")
             m = self.monitor.end_window(self._key, sync_execution=False)
+        if self._start_ns is None:
+            raise RuntimeError("end() without begin()")
         duration = wall_ns() - self._start_ns
         readings = []
         for g in self._gpus:

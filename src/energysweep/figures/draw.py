@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -44,7 +45,10 @@ def note(ax: Axes, text: str, where: str = "top") -> None:
     if where == "top":
         # Wrapped to the axes' width (about 17 characters of 7.5 pt text per inch), and the
         # title lifted over however many lines that makes.
-        width_in = ax.get_position().width * ax.figure.get_figwidth()
+        fig = ax.get_figure(root=True)
+        if fig is None:
+            raise ValueError("a note needs axes placed in a figure")
+        width_in = ax.get_position().width * fig.get_figwidth()
         lines = textwrap.wrap(text, max(int(width_in * 17), 30))
         ax.text(
             0.5,
@@ -104,7 +108,11 @@ def series(
     xs = rows[x].to_numpy(dtype=float)
     ys = rows[q.column].to_numpy(dtype=float)
     ci = q.ci_of(rows)
-    line_kw = {"color": style.color, "linestyle": style.linestyle, "linewidth": 1.5}
+    line_kw: dict[str, Any] = {
+        "color": style.color,
+        "linestyle": style.linestyle,
+        "linewidth": 1.5,
+    }
     if ci is not None and ci[0].notna().any():
         lo = np.clip(ys - ci[0].to_numpy(dtype=float), 0, None)
         hi = np.clip(ci[1].to_numpy(dtype=float) - ys, 0, None)
@@ -141,7 +149,11 @@ def series(
 
 def invalid_points(ax: Axes) -> int:
     """How many points ``ax`` draws hollow (invalid)."""
-    return sum(len(line.get_xdata()) for line in ax.get_lines() if line.get_gid() == INVALID_GID)
+    return sum(
+        np.asarray(line.get_xdata()).size
+        for line in ax.get_lines()
+        if line.get_gid() == INVALID_GID
+    )
 
 
 def log_x_if_spread(ax: Axes, values) -> None:

@@ -85,7 +85,7 @@ def _panel(ax, rows: pd.DataFrame, scenario: str) -> None:
     front[eligible] = pareto_mask(pts.loc[eligible, t.column], pts.loc[eligible, q.column])
     xs, ys = pts[t.column].to_numpy(float), pts[q.column].to_numpy(float)
     tci, qci = t.ci_of(pts), q.ci_of(pts)
-    entries = {}
+    entries: dict[str, tuple[Line2D, str]] = {}
     rank = {i: k for k, i in enumerate(np.flatnonzero(front)[np.argsort(xs[front])])}
     for i, r in pts.iterrows():
         style = layout_style(r["tp"], r["pp"], r["dp"], r["backend"])
@@ -162,7 +162,7 @@ def pareto_front(s: pd.DataFrame) -> Figure:
 def front_points(fig: Figure) -> int:
     """Points on the drawn front(s) of a :func:`pareto_front` figure."""
     return sum(
-        len(line.get_xdata())
+        np.asarray(line.get_xdata()).size
         for ax in fig.axes
         for line in ax.get_lines()
         if line.get_gid() == FRONT_GID

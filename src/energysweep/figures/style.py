@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -18,6 +19,9 @@ matplotlib.use("Agg")  # figures are files; never open a display (CI, Slurm node
 from matplotlib import colormaps  # noqa: E402
 
 from energysweep.tables.phases import Phase  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.typing import LineStyleType
 
 # Which degrees are > 1 -> (colormap, marker). The empty key is the unparallelized layout.
 _FAMILIES = {
@@ -30,7 +34,7 @@ _FAMILIES = {
     ("pp", "dp"): ("YlOrBr", "h"),
     ("tp", "pp", "dp"): ("Greys", "*"),
 }
-BACKEND_LINESTYLES = {"pytorch": "-", "vllm": "--", "tensorrt-llm": ":"}
+BACKEND_LINESTYLES: dict[str, LineStyleType] = {"pytorch": "-", "vllm": "--", "tensorrt-llm": ":"}
 PHASE_COLOURS = {
     Phase.GENERATE.value: "#4c72b0",
     Phase.PREFILL.value: "#dd8452",
@@ -45,7 +49,7 @@ class Style:
 
     color: str | tuple
     marker: str
-    linestyle: str = "-"
+    linestyle: LineStyleType = "-"
 
     def line(self, label: str | None = None) -> dict:
         """Keyword arguments for ``Axes.plot`` / ``Axes.errorbar`` lines."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 import pynvml
 
@@ -90,7 +91,7 @@ def for_job(environ: dict):
 
 def emulated_profile() -> str | None:
     """The emulated node's GPU profile (for the environment record), None on real NVML."""
-    return _emulated.settings.read(os.environ[_emulated.ENV]).profile if emulated() else None
+    return _emulated.node_config.read(os.environ[_emulated.ENV]).profile if emulated() else None
 
 
 def attach(uuids: list[str], pids=None):
@@ -349,7 +350,7 @@ def gpu_snapshot(uuids: list[str]) -> list[dict]:
             except Exception as exc:
                 out.append({"uuid": uuid, "error": type(exc).__name__, **system})
                 continue
-            info = {"uuid": uuid}
+            info: dict[str, Any] = {"uuid": uuid}
             for key, fn, consts, post in GPU_QUERIES:
                 try:  # one unsupported query must not lose the rest
                     args = [getattr(pynvml, c) for c in consts]

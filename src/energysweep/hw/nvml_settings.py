@@ -1,5 +1,5 @@
 """GPU settings through NVML: power limits and applications clocks (the logic:
-energysweep.measure.gpu_settings).
+energysweep.gpu_setting.control).
 
 Setters
 need root or a site that grants them (else NVMLError_NoPermission); a value out of range raises
@@ -56,5 +56,7 @@ def set_app_clocks(handle, mem_mhz: int | None, sm_mhz: int | None = None) -> No
     """Set the applications clocks; None: back to the defaults (both persist until changed)."""
     if mem_mhz is None:
         nvml.pynvml.nvmlDeviceResetApplicationsClocks(handle)
+    elif sm_mhz is None:
+        raise ValueError(f"applications clocks: memory {mem_mhz} MHz without an SM clock")
     else:
         nvml.pynvml.nvmlDeviceSetApplicationsClocks(handle, int(mem_mhz), int(sm_mhz))

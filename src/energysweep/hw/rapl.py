@@ -34,7 +34,8 @@ class Zone:
 
 def find_zones(root: Path = POWERCAP) -> tuple[list[Zone], list[Zone]]:
     """(package zones, dram zones) under ``root``; empty lists where RAPL is not exposed."""
-    packages, drams = [], []
+    packages: list[Zone] = []
+    drams: list[Zone] = []
     if not root.is_dir():
         return packages, drams
     for top in sorted(root.glob("intel-rapl:*")):

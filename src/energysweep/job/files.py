@@ -36,14 +36,15 @@ class Outputs:
     def restaged(self, staging: Path, base: Path) -> Outputs:
         """The same outputs, each moved under ``staging`` (relative to ``base``)."""
 
-        def move(p: str | None) -> str | None:
-            return p and str(staging / Path(p).resolve().relative_to(base))
+        def move(p: str) -> str:
+            return str(staging / Path(p).resolve().relative_to(base))
 
-        return Outputs(
+        files = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(
+            self,
             shards={bs: [move(p) for p in reps] for bs, reps in self.shards.items()},
-            **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)
-               if f.name != "shards"},
-        )  # fmt: skip
+            **{name: p and move(p) for name, p in files.items() if name != "shards"},
+        )
 
 
 def _file(name: str, doc: str) -> property:

@@ -1,7 +1,7 @@
 """Slurm's ``--gpu-freq`` vocabulary: parse a ``gpu.clock`` value, resolve a word to a clock.
 
 Pure (no NVML): the config check uses it when the workflow loads, and
-:mod:`energysweep.measure.gpu_settings` on the node. A word resolves exactly as Slurm's
+:mod:`energysweep.gpu_setting.control` on the node. A word resolves exactly as Slurm's
 gpu/nvml plugin resolves it (:func:`nearest`): the supported clocks sorted from high to low,
 ``high`` the first, ``highm1`` the second, ``medium`` the middle one (index ``(n - 1) // 2``),
 ``low`` the last; a number above or below the range is clamped, one in between rounds up to the

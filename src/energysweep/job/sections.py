@@ -17,9 +17,12 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 # The one place a config default is written.
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "config.schema.yaml"
 
@@ -95,7 +98,7 @@ class Emulated:
     """Config section ``measurement.emulated``: the emulated GPU node of ``measurement.device``
     ``emulated`` (docs/emulated-node.md). A None behaviour setting takes the profile's value;
     ``faults`` and ``refusals`` are the schema-validated entries, which
-    ``energysweep.hw.emulated.settings.resolve`` turns into its typed ``Fault`` and refusals."""
+    ``energysweep.hw.emulated.node_config.resolve`` turns into its typed ``Fault`` and refusals."""
 
     profile: str
     node_gpus: int
@@ -168,7 +171,7 @@ class Limits:
 @dataclass(frozen=True, kw_only=True)
 class Gpu:
     """Config section ``gpu``: the GPU setting axes and how they are applied, as the grid reads
-    it (energysweep.sweep.settings). A job carries its own point only: the axis values in its
+    it (energysweep.sweep.gpu_axes). A job carries its own point only: the axis values in its
     key and ``power_limit_method`` on the job (``job.gpu``)."""
 
     power_limit_w: list[float | None]

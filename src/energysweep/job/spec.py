@@ -38,6 +38,7 @@ import uuid
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePath
+from typing import Any
 
 from energysweep.job.backends import BACKENDS, SERVING
 from energysweep.job.files import JobDir as JobDir  # re-exported: a job's files
@@ -84,11 +85,12 @@ class JobKey:
         """From Snakemake wildcards or another mapping of strings (the degrees become ints); a
         setting axis the mapping lacks is not in the sweep (None)."""
         values = dict(values.items())
-        return cls(
-            **{k: int(values[k]) if k in LAYOUT_KEYS else str(values[k])
-               for k in JOB_KEYS if k not in SETTING_AXES},
-            **{k: None if values.get(k) is None else str(values[k]) for k in SETTING_AXES},
-        )  # fmt: skip
+        fields: dict[str, Any] = {  # the degrees int, the names and axes str (or None)
+            k: int(values[k]) if k in LAYOUT_KEYS else str(values[k])
+            for k in JOB_KEYS if k not in SETTING_AXES
+        }  # fmt: skip
+        fields |= {k: None if values.get(k) is None else str(values[k]) for k in SETTING_AXES}
+        return cls(**fields)
 
     @classmethod
     def from_path(cls, path: str | Path) -> JobKey:

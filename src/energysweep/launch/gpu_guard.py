@@ -11,10 +11,10 @@ lets jobs set limits restores them in its Slurm Epilog (docs/gpu-settings.md).
 
 A refused setter never stops the job here: the record says ``refused`` with NVML's error, and
 the ranks turn every point of the job into a flagged failure without measuring it
-(energysweep.measure.settings). The job's GPUs on this node are the first ``gpus`` of
+(energysweep.gpu_setting.probe). The job's GPUs on this node are the first ``gpus`` of
 ``CUDA_VISIBLE_DEVICES`` (all GPUs when unset), resolved to UUIDs through NVML, as the ranks
 resolve theirs. Multi-node jobs: only this (the launcher's) node is set here, so the grid
-refuses an NVML power limit on them (energysweep.sweep.settings).
+refuses an NVML power limit on them (energysweep.sweep.gpu_axes).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import signal
 import socket
 from pathlib import Path
 
+from energysweep.gpu_setting import control
+from energysweep.gpu_setting.record import RECORD_ENV, SettingsRecord
 from energysweep.hw import nvml
 from energysweep.job.gpu_request import NVML, SLURM_GPU_FREQ, GpuRequest
 from energysweep.launch.slurm import job_tres_freq
-from energysweep.measure import gpu_settings
-from energysweep.measure.settings import RECORD_ENV, SettingsRecord
 from energysweep.tables.io import write_json_atomic
 
 RECORD_NAME = "gpu-settings.json"
@@ -61,11 +61,11 @@ def _record(request: GpuRequest, routes, settings, error: str | None) -> Setting
     )
 
 
-def _explain_slurm_clock(settings, clock: str) -> None:
+def _explain_slurm_clock(settings, clock: str | None) -> None:
     """Say, on a clock Slurm was to set but did not, what Slurm was asked and what it needs."""
     step = os.environ.get("SLURM_GPU_FREQ")
     for s in settings:
-        if s.clock_status == gpu_settings.NOT_APPLIED:
+        if s.clock_status == control.NOT_APPLIED:
             s.detail.append(
                 f"Slurm was asked --gpu-freq={clock}, but this step's SLURM_GPU_FREQ is "
                 f"{step or 'not set'} (the jobstep plugin's inner srun drops it, and Slurm then "
@@ -98,12 +98,12 @@ def applied(request: GpuRequest | None, directory: str | Path, gpus: int, env: d
 def _applied(request: GpuRequest, directory: str | Path, gpus: int, env: dict, log):
     routes = request.routes(under_slurm=bool(os.environ.get("SLURM_JOB_ID")))
     path = Path(directory) / RECORD_NAME
-    settings: list[gpu_settings.GpuSetting] = []  # filled GPU by GPU: restored even if partial
+    settings: list[control.GpuSetting] = []  # filled GPU by GPU: restored even if partial
     error, session = None, False
     try:
         nvml.init()
         session = True
-        gpu_settings.apply(
+        control.apply(
             _job_gpus(gpus, env),
             request.power_limit_w,
             request.clock,
@@ -115,7 +115,7 @@ def _applied(request: GpuRequest, directory: str | Path, gpus: int, env: dict, l
             _explain_slurm_clock(settings, request.clock)
     except Exception as exc:  # recorded: the ranks flag every point of the job
         what = "NVML unavailable" if not session else "could not apply the GPU setting"
-        error = f"{what}: {gpu_settings.error_text(exc)}"
+        error = f"{what}: {control.error_text(exc)}"
     record = _record(request, routes, settings, error)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(record.to_json(), path)
@@ -129,7 +129,7 @@ def _applied(request: GpuRequest, directory: str | Path, gpus: int, env: dict, l
             # only after KillWait).
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
-                problems = gpu_settings.restore(settings)
+                problems = control.restore(settings)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             print(
@@ -139,6 +139,6 @@ def _applied(request: GpuRequest, directory: str | Path, gpus: int, env: dict, l
                 flush=True,
             )
             # What the GPUs hold now, read afresh: a reader compares it with "previous_*".
-            after = json.dumps(gpu_settings.current(settings))
+            after = json.dumps(control.current(settings))
             print("gpu settings after the job:", after, file=log, flush=True)
             nvml.shutdown()

@@ -28,8 +28,8 @@ from energysweep.job.spec import JobDir, JobSpec, LaunchedJob, Outputs
 from energysweep.launch import cleanup, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.slurm import job_nodes, restore_job_identity
-from energysweep.measure.provenance import code_version
 from energysweep.tables.io import replace, write_text_atomic
+from energysweep.util.version import code_version
 
 # Signals that stop a running job as a whole: Slurm's scancel and TIMEOUT (SIGTERM), Ctrl-C
 # (SIGINT), a closed terminal (SIGHUP).
@@ -138,7 +138,7 @@ def run_job(
     ranks_here = placement.layout.world_size // placement.nodes
     env = _job_env(spec, cpus // max(1, ranks_here), slurm_id)
     if job.outputs.emulated is not None:
-        env = _emulated_node(job, env, log)
+        env = _emulated_node(job, job.outputs.emulated, env, log)
     what = f"job {spec.key.label()} ({job_dir.spec_file})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
@@ -153,12 +153,11 @@ def run_job(
     return job
 
 
-def _emulated_node(job: LaunchedJob, env: dict, log) -> dict:
+def _emulated_node(job: LaunchedJob, state: str, env: dict, log) -> dict:
     """measurement.device emulated: the node's settings in the job's (staged) state directory,
     named in the ranks' environment (energysweep.hw.emulated; docs/emulated-node.md)."""
     import time
 
-    state = job.outputs.emulated
     node = emulated.prepare(state, as_dict(job.measurement.emulated), time.time_ns())
     print(
         f"emulated GPU node: {node.profile}, {node.gpus} GPUs per node, state in {state} "

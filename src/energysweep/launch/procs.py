@@ -152,11 +152,13 @@ def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> 
     Returns:
         The pids that were still alive after the grace period (and were SIGKILLed).
     """
-    running = (lambda: proc.poll() is None) if proc is not None else (lambda: False)
+
+    def running() -> bool:
+        return proc is not None and proc.poll() is None
 
     def alive() -> list[int]:
         pids = set(marked(mark))
-        if running():
+        if proc is not None and proc.poll() is None:
             pids.add(proc.pid)
         return sorted(pids)
 
@@ -167,7 +169,7 @@ def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> 
             file=log,
             flush=True,
         )
-    if running():
+    if proc is not None and running():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)
     _signal(pids, signal.SIGTERM)
@@ -179,7 +181,7 @@ def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> 
     if killed:
         if log is not None:
             print(f"still alive after {grace_s:g} s: SIGKILL to {killed}", file=log, flush=True)
-        if running():
+        if proc is not None and running():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
         _signal(killed, signal.SIGKILL)

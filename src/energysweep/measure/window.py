@@ -47,7 +47,7 @@ def measure_window(
         min_window_s: the shortest window (``measurement.min_window_s``).
         clock: monotonic seconds (``time.perf_counter``; a fake clock in tests).
         energy: the rank's GPU energy source; ``host``: its host source; ``cpu``: its CPU timer.
-        settings: the rank's GPU settings probe (energysweep.measure.settings), read right
+        settings: the rank's GPU settings probe (energysweep.gpu_setting.probe), read right
             before the start edge and right after the end edge, outside the window's energy.
         node: the rank's node energy source (energysweep.energy.node), read at the same
             moments (a Slurm query: too slow to sit inside the window).

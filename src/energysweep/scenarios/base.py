@@ -14,10 +14,10 @@ from abc import ABC, abstractmethod
 
 from energysweep import dist
 from energysweep.energy import CpuTime
+from energysweep.gpu_setting.probe import SettingNotApplied
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.phase_clock import during, switch
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
-from energysweep.measure.settings import SettingNotApplied
 from energysweep.measure.window import measure_window
 from energysweep.tables.phases import JobPhase, Phase
 from energysweep.tables.status import Status

@@ -81,7 +81,7 @@ class InferenceScenario(Scenario):
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
         batches = self._point_batches
-        record = [] if rep == 0 else None
+        record: list | None = [] if rep == 0 else None
         self.cool_down(cooldown_s)
         w = self.window(batches, self.wl.output_tokens, record)
         rows = self._rows(bs, rep, Phase.GENERATE, w)

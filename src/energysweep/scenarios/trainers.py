@@ -25,7 +25,6 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from energysweep import dist
 from energysweep.job.layout import ParallelLayout
@@ -33,7 +32,7 @@ from energysweep.job.sections import Training
 from energysweep.scenarios.base import prompt_indices
 from energysweep.scenarios.train_data import TokenDataset
 from energysweep.torchpp.load import checkpoint_key, load_rank_stage
-from energysweep.torchpp.stage import TrainStage
+from energysweep.torchpp.stage import HFModule, TrainStage
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     )
 
 
-def _load_stage(ctx: dist.RankContext) -> tuple[nn.Module, range]:
+def _load_stage(ctx: dist.RankContext) -> tuple[HFModule, range]:
     """This rank's stage of the checkpoint, in train mode (weights as stored, same on every run)."""
     # DTensor mode: its redistributions are differentiable. The inference default ("local")
     # swaps in plain modules whose weights do not require grad and whose collectives have
@@ -220,6 +219,7 @@ class MeshTrainer:
     def step(self) -> None:
         ids = self._batch()
         self._step += 1
+        loss: torch.Tensor | None
         if self.schedule is None:
             loss = causal_lm_loss(self.stage(ids), ids)
             loss.backward()
@@ -228,7 +228,7 @@ class MeshTrainer:
             args = (ids,) if self.first else ()
             target = ids if self.last else None
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
-            loss = torch.stack(losses).mean() if self.last else None
+            loss = torch.stack(losses).mean() if losses is not None else None
         if self.dp_group is not None:
             self._all_reduce_grads()
         self.optimizer.step()
@@ -268,7 +268,9 @@ class MeshTrainer:
         }
 
     def close(self) -> None:
-        self.schedule = self.stage = self.optimizer = self.hf_model = None
+        # The model, its optimizer and schedule go (a closed trainer is not used again).
+        if hasattr(self, "stage"):
+            del self.schedule, self.stage, self.optimizer, self.hf_model
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -281,7 +283,7 @@ def make_trainer(
     samples: torch.Tensor,
     n_steps: int | None,
     accelerator=None,
-):
+) -> AccelerateTrainer | MeshTrainer:
     """The trainer for this rank's layout at one batch size (a fresh copy of the checkpoint).
 
     Args:

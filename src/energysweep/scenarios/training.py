@@ -22,6 +22,8 @@ replicas).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from energysweep import dist
 from energysweep.job.sections import Training
 from energysweep.job.spec import LaunchedJob
@@ -30,6 +32,11 @@ from energysweep.scenarios.accelerate_world import audit_accelerator, make_accel
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.train_data import load_samples
 from energysweep.scenarios.trainers import make_trainer, uses_accelerate
+
+if TYPE_CHECKING:
+    import torch
+
+    from energysweep.scenarios.trainers import AccelerateTrainer, MeshTrainer
 from energysweep.tables.phases import JobPhase, Phase
 
 
@@ -63,8 +70,8 @@ class TrainingScenario(Scenario):
             # Outside any per-point error handling: a wrong world fails the job, not one point.
             self.accelerator = make_accelerator(ctx.device)
             audit_accelerator(self.accelerator, ctx)
-        self.samples = load_samples(self.cfg, ctx.model_dir, prompts, job.seed)
-        self.trainer = None
+        self.samples: torch.Tensor | None = load_samples(self.cfg, ctx.model_dir, prompts, job.seed)
+        self.trainer: AccelerateTrainer | MeshTrainer | None = None
 
     def _sync(self) -> None:
         self.monitor.synchronize()
@@ -93,14 +100,15 @@ class TrainingScenario(Scenario):
 
     def prepare(self, bs: int) -> None:
         self.last_step_losses = []
+        if self.samples is None:
+            raise RuntimeError("the training scenario was closed")
         with during(JobPhase.LOAD):  # a trainable copy of the model per point
-            self.trainer = make_trainer(
-                self.ctx, self.cfg, bs, self.samples, None, self.accelerator
-            )
+            trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
+        self.trainer = trainer
         for _ in range(self.cfg.warmup_steps):
-            self.trainer.step()
+            trainer.step()
         if self.cfg.warmup_steps:
-            self.trainer.take_losses()
+            trainer.take_losses()
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
         self.cool_down(cooldown_s)

@@ -1,6 +1,3 @@
-"""Config -> a validated grid of jobs. Runs when the workflow loads (no torch is imported).
-
-:mod:`.config` validates the config against the schema (errors name the key and the fix),
-:mod:`.grid` expands it into jobs and skipped points with reasons, :mod:`.interpreters` decides
-and checks the Python each backend's ranks run in, :mod:`.tinymodel` builds the demo checkpoint.
+"""Config -> a validated grid of jobs, with every config check. Runs when the workflow loads (no
+torch is imported). Its modules: docs/architecture.md.
 """

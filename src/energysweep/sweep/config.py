@@ -18,7 +18,7 @@ import yaml
 from energysweep.job.layout import ModelDims
 from energysweep.job.sections import SCHEMA_PATH, Engine, Measurement, load_section
 from energysweep.job.spec import portable_path
-from energysweep.sweep import settings
+from energysweep.sweep import gpu_axes, measurement_config
 from energysweep.sweep.grid import Grid, expand_grid
 
 BUILTIN_TINY = "builtin:tiny"
@@ -120,12 +120,12 @@ def check(
     """
     base_dir = Path(base_dir)
     problems = []
-    # measurement.require_energy against the sources it needs (energysweep.validity.require).
-    from energysweep.validity.require import check_config
-
-    problems += check_config(load_section(Measurement, config["measurement"], "measurement"))
+    # measurement.require_energy against the sources it needs; the emulated node's section.
+    problems += measurement_config.check_config(
+        load_section(Measurement, config["measurement"], "measurement")
+    )
     # gpu.clock in Slurm's vocabulary; facility estimates with source, year and band.
-    problems += settings.check(config)
+    problems += gpu_axes.check(config)
     names = [m["name"] for m in config["models"]]
     for name in {n for n in names if names.count(n) > 1}:
         problems.append(
@@ -213,7 +213,7 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         serving_parallel=config["serving"]["parallel"],
     )
     # The GPU setting axes (gpu.power_limit_w, gpu.clock): one job per setting.
-    return settings.expand(grid, config, settings.no_gpu_reason(device, _nvidia_devices()))
+    return gpu_axes.expand(grid, config, gpu_axes.no_gpu_reason(device, _nvidia_devices()))
 
 
 def _nvidia_devices() -> bool:

@@ -44,7 +44,7 @@ CACHE_FILE = Path(".snakemake") / "energysweep" / "environments.json"
 # sharing the environment) does not import the engine again (see _env_cache).
 ENV_RECORD = "energysweep-env.json"
 ENV_CACHE = "energysweep-checks.json"
-_memo: dict[tuple, dict] = {}
+_memo: dict[str, dict] = {}
 
 
 def interpreter(

@@ -10,6 +10,7 @@ with ``status`` saying why and null measurements. The sampling rate is in the fi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ def reason_names(mask) -> str:
     return ",".join(n for n, bit in CLOCK_EVENT_REASONS.items() if m & bit)
 
 
-def load_power(paths: list[str | Path]) -> pd.DataFrame:
+def load_power(paths: Sequence[str | Path]) -> pd.DataFrame:
     """The measured power samples of ``paths`` (status rows without a sample are dropped).
 
     A GPU shared by two ranks is sampled by both; a sample is kept once per (job, GPU, time).

@@ -208,8 +208,8 @@ def _parse_columns(text: str) -> list[tuple[str, pa.DataType, bool, str]]:
         if line.startswith("#"):
             continue
         if line.startswith(" "):  # the meaning above, continued
-            name, kind, nullable, meaning = columns[-1]
-            columns[-1] = (name, kind, nullable, f"{meaning} {line.strip()}")
+            name, arrow_type, null_ok, meaning = columns[-1]
+            columns[-1] = (name, arrow_type, null_ok, f"{meaning} {line.strip()}")
             continue
         name, kind, nullable, meaning = line.split(maxsplit=3)
         columns.append((name, getattr(pa, kind)(), nullable == "null", meaning))

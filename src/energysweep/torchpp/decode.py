@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from energysweep.torchpp.stage import attention_of, decoder, run_layers
+from energysweep.torchpp.stage import HFModule, attention_of, decoder, run_layers
 
 
-def eos_token_ids(model: nn.Module) -> list[int]:
+def eos_token_ids(model: HFModule) -> list[int]:
     """EOS ids HF ``generate`` would suppress under ``min_new_tokens`` (generation config's)."""
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -31,7 +30,7 @@ class StageRunner:
     writer (tp rank 0 of stage 0), None elsewhere.
     """
 
-    def __init__(self, model: nn.Module, layout, rank: int, mesh=None):
+    def __init__(self, model: HFModule, layout, rank: int, mesh=None):
         self.model = model
         self.inner = decoder(model)
         self.layout = layout
@@ -59,7 +58,9 @@ class StageRunner:
     def is_writer(self) -> bool:
         return self.coords.is_writer
 
-    def _stage_forward(self, ids: torch.Tensor, padding_mask: torch.Tensor, cache) -> torch.Tensor:
+    def _stage_forward(
+        self, ids: torch.Tensor, padding_mask: torch.Tensor, cache
+    ) -> torch.Tensor | None:
         """This stage on the last ``ids.shape[1]`` tokens; the last stage returns normed hidden."""
         batch, q_len = ids.shape
         if self.first:
@@ -88,11 +89,11 @@ class StageRunner:
         ids, pad = batch["input_ids"], batch["attention_mask"]
         self._check_length(ids.shape[1])
         hidden = self._stage_forward(ids, pad, None)
-        logits = None
+        logits: torch.Tensor | None = None
         if self.last:
             logits = self.model.lm_head(hidden).float()
         if self.layout.pp > 1 and self.coords.tp_rank == 0:
-            if self.last:
+            if logits is not None:  # the last stage
                 dist.send(logits.contiguous(), dst=self.pipe[0])
             elif self.first:
                 shape = (*ids.shape, self.model.config.vocab_size)
@@ -102,7 +103,7 @@ class StageRunner:
 
     def _next_token(self, hidden: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
         """Greedy token of every sequence, known on every rank of the pipeline afterwards."""
-        if self.last:
+        if hidden is not None:  # the last stage (the others get the token below)
             logits = self.model.lm_head(hidden[:, -1:, :])[:, -1, :].float()
             if self.eos:
                 logits[:, self.eos] = -float("inf")

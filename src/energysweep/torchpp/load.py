@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from energysweep.torchpp.stage import decoder
+from energysweep.torchpp.stage import HFModule, decoder
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def prune_to_stage(model: nn.Module, layers: range, first: bool, last: bool) -> nn.Module:
+def prune_to_stage(model: HFModule, layers: range, first: bool, last: bool) -> HFModule:
     """Keep only what one pipeline stage runs: its decoder layers, embedding if first, head if last.
 
     Kept layers keep their global ``layer_idx`` (the KV cache indexes by it and fills lazily).
@@ -66,7 +66,7 @@ def _load_stage_only(
     layers: range,
     first: bool,
     last: bool,
-) -> nn.Module | None:
+) -> HFModule | None:
     """Build the stage on the meta device and read only its tensors; None if that cannot work."""
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -118,7 +118,7 @@ def load_stage_model(
     layers: range,
     first: bool,
     last: bool,
-) -> nn.Module:
+) -> HFModule:
     """Load the part of a causal LM that one pipeline stage owns, in eval mode on ``device``.
 
     Reads only the stage's tensors from a safetensors checkpoint; falls back to loading the whole
@@ -127,7 +127,7 @@ def load_stage_model(
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     model_dir = Path(model_dir)
-    model = _load_stage_only(model_dir, dtype, device, layers, first, last)
+    model: HFModule = _load_stage_only(model_dir, dtype, device, layers, first, last)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         prune_to_stage(model, layers, first, last)
@@ -139,7 +139,7 @@ def load_stage_model(
     return model.eval()
 
 
-def load_rank_stage(ctx, tp_mode: str, purpose: str = "run") -> tuple[nn.Module, range]:
+def load_rank_stage(ctx, tp_mode: str, purpose: str = "run") -> tuple[HFModule, range]:
     """This rank's stage of ``ctx.model_dir`` (eval mode), TP-sharded over ``ctx.mesh["tp"]``.
 
     Args:

@@ -7,8 +7,15 @@ mask (left padding) and runs its layers (:func:`run_layers`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+
+# A transformers causal LM, or its decoder stack: torchpp reads and replaces their submodules by
+# name (``model.model.layers``, ``lm_head``, ``config``), which torch types as ``Tensor | Module``
+# (nn.Module.__getattr__); they are duck-typed here, as transformers builds them at run time.
+HFModule = Any
 
 # Attention implementations whose masks we rebuild per stage (flash/flex take other mask forms).
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -74,7 +81,7 @@ def stage_attention_mask(
     return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
-def decoder(model: nn.Module) -> nn.Module:
+def decoder(model: HFModule) -> HFModule:
     """The decoder stack (``model.model``) of a Llama-style ``*ForCausalLM``."""
     inner = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -86,7 +93,7 @@ def decoder(model: nn.Module) -> nn.Module:
     return inner
 
 
-def attention_of(model: nn.Module) -> str:
+def attention_of(model: HFModule) -> str:
     """``model.config._attn_implementation``, refused unless the stage loop rebuilds its masks."""
     attn = model.config._attn_implementation
     if attn not in SUPPORTED_ATTENTION:
@@ -95,7 +102,7 @@ def attention_of(model: nn.Module) -> str:
 
 
 def run_layers(
-    inner: nn.Module,
+    inner: HFModule,
     hidden: torch.Tensor,
     padding_mask: torch.Tensor,
     q_len: int,
@@ -137,7 +144,7 @@ class TrainStage(nn.Module):
     returns logits. Sequences are unpadded and start at position 0 (training data is packed).
     """
 
-    def __init__(self, model: nn.Module, first: bool, last: bool):
+    def __init__(self, model: HFModule, first: bool, last: bool):
         super().__init__()
         self.model = model
         self.first, self.last = first, last

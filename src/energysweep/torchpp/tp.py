@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from energysweep.job.layout import ModelDims, ParallelLayout
-from energysweep.torchpp.stage import decoder
+from energysweep.torchpp.stage import HFModule, decoder
 
 
 def layer_tp_plan() -> dict:
@@ -94,6 +94,7 @@ def _localize(parent: nn.Module, name: str, kind: str, tp_mesh) -> None:
     mod = getattr(parent, name)
     group = tp_mesh.get_group()
     weight, bias = _local(mod.weight), _local(getattr(mod, "bias", None))
+    new: nn.Module
     if kind in ("colwise", "colwise_gather"):
         new = _ColwiseLocal(weight, bias, group, gather=kind == "colwise_gather")
     elif kind == "rowwise":
@@ -103,7 +104,7 @@ def _localize(parent: nn.Module, name: str, kind: str, tp_mesh) -> None:
     setattr(parent, name, new)
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh, mode: str = "local") -> None:
+def apply_tensor_parallel(model: HFModule, tp_mesh, mode: str = "local") -> None:
     """Shard a (pruned) stage over a 1-D ``tp_mesh`` in place.
 
     ``parallelize_module`` shards every module of the plan. In ``"dtensor"`` mode the modules stay

@@ -118,8 +118,8 @@ def snakemake_options(pid: int | None = None) -> list[str] | None:
     pid = os.getppid() if pid is None else pid
     for _ in range(16):  # the step runs a few levels below Snakemake (shell, python)
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            argv = argv.split("\0")[:-1]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            argv = cmdline.split("\0")[:-1]
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None

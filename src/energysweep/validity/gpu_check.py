@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-node-") as state:  # removed at the end
         if args.emulated and "ENERGYSWEEP_EMULATED_NVML" not in os.environ:
             from energysweep.hw import emulated
-            from energysweep.hw.emulated.settings import section_defaults
+            from energysweep.hw.emulated.node_config import section_defaults
 
             node = emulated.prepare(state, section_defaults(), time.time_ns())
             os.environ.update(emulated.job_env(state, node, dict(os.environ)))

@@ -72,7 +72,7 @@ def probe_gpu(
             next_power += 0.1
         time.sleep(0.001)
     elapsed = clock() - start
-    if last is not None:
+    if last is not None and first is not None:
         out["counter"] = _counter_result(changes, latencies, elapsed, last - first)
     if powers:
         out["idle_power"] = _idle_power_result(powers, max_idle_std_w)

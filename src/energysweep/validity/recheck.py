@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,7 @@ VALIDATION_COLUMNS = [
 ]
 
 
-def idle_bounds(job_records: list[str | Path]) -> pd.DataFrame:
+def idle_bounds(job_records: Sequence[str | Path]) -> pd.DataFrame:
     """Per job the idle baseline's wall-clock bounds (job.json ``timing``); null where none."""
     rows = []
     for p in job_records:

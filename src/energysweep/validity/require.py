@@ -14,7 +14,7 @@ with all ranks' reasons, so no rank waits at a barrier for one that gave up.
 
 from __future__ import annotations
 
-from energysweep.job.sections import Measurement, as_dict
+from energysweep.job.sections import Measurement
 from energysweep.tables.status import EnergyStatus
 
 REQUIRE = ("auto", "gpu", "host", "none")
@@ -32,31 +32,6 @@ def resolve(require: str, device: str, gpu_uuids=()) -> str:
     if require == "auto":
         return "gpu" if device.startswith("cuda") or gpu_uuids else "none"
     return require
-
-
-def check_config(measurement: Measurement) -> list[str]:
-    """Contradictions in the ``measurement`` section (config load time): problem texts.
-
-    Includes what the schema cannot check in ``measurement.emulated`` (a fault on a GPU the
-    emulated node lacks, a jitter that would reorder refreshes): energysweep.hw.emulated.
-    """
-    from energysweep.hw.emulated.settings import problems
-
-    return problems(as_dict(measurement.emulated)) + _source_contradictions(measurement)
-
-
-def _source_contradictions(measurement: Measurement) -> list[str]:
-    if measurement.require_energy == "gpu" and measurement.energy_source == "none":
-        return [
-            "config key measurement.require_energy is gpu but measurement.energy_source is "
-            "none: set energy_source to auto or nvml, or require_energy to auto or none"
-        ]
-    if measurement.require_energy == "host" and measurement.host_energy_source == "none":
-        return [
-            "config key measurement.require_energy is host but "
-            "measurement.host_energy_source is none: set it to auto or rapl"
-        ]
-    return []
 
 
 def rank_problem(

@@ -32,6 +32,7 @@ class Thresholds:
     knee_max_ttft_growth: float
 
     @classmethod
-    def from_config(cls, section: dict) -> Thresholds:
-        """The validated config's ``validity`` section (every key present: defaults filled)."""
+    def from_config(cls, section: dict | None) -> Thresholds:
+        """The validated config's ``validity`` section (every key present: defaults filled); a
+        missing one (None) is an error naming it."""
         return load_section(cls, section, "validity")

@@ -158,15 +158,13 @@ class Timeline:
         out["timeline_energy_j"], out["max_sample_gap_s"] = energy, gap
         status = np.where(ok, OK, np.where(covered, FEW_SAMPLES, NOT_COVERED)).astype(object)
         out["status"] = status
-        out["detail"] = np.where(
-            ok,
-            None,
-            np.where(
-                covered,
-                [f"{k} power sample(s) inside the window" for k in n_in],
-                "the power samples do not span the window",
-            ),
+        detail = np.where(
+            covered,
+            [f"{k} power sample(s) inside the window" for k in n_in],
+            "the power samples do not span the window",
         ).astype(object)
+        detail[ok] = None
+        out["detail"] = detail
         return out
 
     def window(self, start_ns: int, end_ns: int, average_ns: int = 0) -> dict:

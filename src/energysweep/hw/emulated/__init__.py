@@ -9,7 +9,7 @@ of the job reads the counter, the power reading, clocks and event reasons as NVM
 them. GPUs nobody owns read idle. Owners write the ground truth (hw/emulated/truth.py) for tests
 and the benchmark; the measurement code never reads it.
 
-Modules: profiles (GPU models and sources), settings (config section, checks), physics (power
+Modules: profiles (GPU models and sources), node_config (config section, checks), physics (power
 model and sensors, pure), state (the shared per-GPU file), node (identities and readings at a
 time), owner (activity -> true power -> state + truth), api / api_readings / api_control (the
 pynvml surface), truth (window lookups).
@@ -21,11 +21,11 @@ import os
 import shutil
 from pathlib import Path
 
-import energysweep.hw.emulated.settings as _settings
+import energysweep.hw.emulated.node_config as _node_config
 from energysweep.hw.emulated.api import CGROUP_ENV, EMULATED, make_module
 from energysweep.hw.emulated.node import Node
+from energysweep.hw.emulated.node_config import NodeSettings
 from energysweep.hw.emulated.owner import FunctionActivity, Owner, PidActivity, ProcessActivity
-from energysweep.hw.emulated.settings import NodeSettings
 
 __all__ = [
     "CGROUP_ENV",
@@ -52,8 +52,8 @@ ENV = "ENERGYSWEEP_EMULATED_NVML"
 
 def prepare(directory: str | Path, section: dict, epoch_ns: int) -> NodeSettings:
     """Resolve ``measurement.emulated`` and write the node's settings into ``directory``."""
-    resolved = _settings.resolve(section, epoch_ns)
-    _settings.write(resolved, directory)
+    resolved = _node_config.resolve(section, epoch_ns)
+    _node_config.write(resolved, directory)
     return resolved
 
 
@@ -81,7 +81,7 @@ def node_from_env(environ=None, clock=None) -> Node:
     environ = os.environ if environ is None else environ
     directory = environ[ENV]
     kwargs = {} if clock is None else {"clock": clock}
-    return Node(_settings.read(directory), directory, **kwargs)
+    return Node(_node_config.read(directory), directory, **kwargs)
 
 
 def cuda_uuids(environ=None) -> list[str]:

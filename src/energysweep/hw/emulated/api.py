@@ -276,8 +276,9 @@ def make_module(real, node_factory, sleep=time.sleep, environ=None) -> types.Mod
             setattr(mod, name, missing(name))
         elif not name.startswith("__"):
             setattr(mod, name, value)
-    mod._nvmlGetFunctionPointer = missing("_nvmlGetFunctionPointer")
+    # setattr: attributes a ModuleType is not declared to have.
+    setattr(mod, "_nvmlGetFunctionPointer", missing("_nvmlGetFunctionPointer"))  # noqa: B010
     for name in EMULATED:
         setattr(mod, name, getattr(driver, name))
-    mod.emulated_driver = driver
+    setattr(mod, "emulated_driver", driver)  # noqa: B010 (as above)
     return mod

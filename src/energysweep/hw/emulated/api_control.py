@@ -14,6 +14,13 @@ node), and a scripted refusal (``refusals``) raises its own error.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import types
+
+    from energysweep.hw.emulated.node import Node
 
 
 def _uint(value) -> int:
@@ -24,6 +31,13 @@ def _uint(value) -> int:
 
 class Control:
     """Power management limits and clocks of one emulated GPU."""
+
+    # Provided by the class this mixes into (energysweep.hw.emulated.api.Session).
+    real: types.ModuleType
+    node: Node
+    error: Callable[[str], Exception]
+    now: Callable[[], int]
+    gpu: Callable[[object], int]
 
     def _store(self, call: str, index: int, **values) -> None:
         """A privileged setter ``call`` of GPU ``index``: refused as the node says, else each of

@@ -7,11 +7,21 @@ read latency, then reads the GPU's sensors at that instant (hw/emulated/node.py)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import energysweep.hw.emulated.physics as physics
+
+if TYPE_CHECKING:
+    from energysweep.hw.emulated.node import Node
 
 
 class Readings:
     """nvmlDeviceGetTotalEnergyConsumption, GetPowerUsage, GetFieldValues and the like."""
+
+    # Provided by the class this mixes into (energysweep.hw.emulated.api.Session).
+    node: Node
+    sleep: Callable[[float], object]
 
     def _read_latency(self) -> None:
         latency = self.node.settings.read_latency_s

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import energysweep.hw.emulated.physics as physics
-from energysweep.hw.emulated.settings import NodeSettings
+from energysweep.hw.emulated.node_config import NodeSettings
 from energysweep.hw.emulated.state import GpuState, gpu_file, pid_alive
 
 # DGX H100 / A100 PCI bus numbers of GPUs 0-7 (the order NVML lists them in); more GPUs go on.

@@ -3,12 +3,12 @@
 One process (the client, our code) runs the whole job. Per batch cap (the engine's
 ``max_num_seqs``; a change of cap restarts the server, its cost recorded in job.json):
 
-1. start the engine's server with the layout's tp/pp/dp (:mod:`.serving_server`), wait for it to
+1. start the engine's server with the layout's tp/pp/dp (energysweep.launch.server), wait for it to
    be healthy (bounded), warm it up with ``workload.warmup_iterations`` rounds of cap x dp
    concurrent requests, and ask it once, unstreamed, for the greedy tokens of the first cap
    prompts (``generations.parquet``: they must equal the offline engine's);
 2. per repetition, for every load level in ascending order: a cooldown, then one load run
-   (:mod:`.serving_load`): ramp, a window on the steady state bracketed by the energy counters,
+   (:mod:`.load`): ramp, a window on the steady state bracketed by the energy counters,
    the server's CPU time and its /metrics counters, then the drain;
 3. stop the server (every one of its processes) and copy its log into the rule's log.
 
@@ -31,21 +31,22 @@ from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.phase_clock import during, switch
 from energysweep.scenarios.base import Scenario
-from energysweep.scenarios.serving_client import (
+from energysweep.scenarios.serving.client import (
+    RunningServer,
     Watchdog,
     greedy_tokens,
     vllm_arrivals,
     vllm_sender,
 )
-from energysweep.scenarios.serving_load import CONCURRENCY, RATE, LoadPoint, run_load
-from energysweep.scenarios.serving_probes import (
+from energysweep.scenarios.serving.load import CONCURRENCY, RATE, LoadPoint, run_load
+from energysweep.scenarios.serving.probes import (
     METRICS,
     QueueSamples,
     ServerCpuTime,
     parse_metrics,
     queue_time_mean_s,
 )
-from energysweep.scenarios.serving_stats import request_phase, window_stats
+from energysweep.scenarios.serving.stats import request_phase, window_stats
 from energysweep.tables import requests
 from energysweep.tables.phases import JobPhase, Phase
 from energysweep.util.http import http_get
@@ -56,6 +57,8 @@ def load_points(serving: Serving) -> list[LoadPoint]:
     if serving.request_rates:
         rates = sorted(serving.request_rates)
         return [LoadPoint(RATE, float(r), serving.burstiness) for r in rates]
+    if serving.concurrency is None:
+        raise ValueError("config key serving: set request_rates or concurrency")
     return [LoadPoint(CONCURRENCY, float(c)) for c in sorted(serving.concurrency)]
 
 
@@ -77,14 +80,16 @@ class ServingScenario(Scenario):
         self.make_server = make_server
         from transformers import AutoTokenizer
 
-        self.sv = job.serving
+        if job.serving is None:
+            raise ValueError("a serving job carries the config section serving")
+        self.sv: Serving = job.serving
         self.limits = job.limits
         self.loads = load_points(self.sv)
         self.backend_name = job.key.backend
         tok = AutoTokenizer.from_pretrained(ctx.model_dir)
         enc = tok(prompts, truncation=True, max_length=int(self.wl.max_input_tokens))
         self.token_prompts = [list(ids) for ids in enc["input_ids"]]
-        self.server = None
+        self.server: RunningServer | None = None
         self.server_cpu = ServerCpuTime(lambda: self.server.pids() if self.server else [])
         self.timing: dict = {"servers": [], "load_runs": []}
         self.request_rows: list[dict] = []
@@ -163,8 +168,8 @@ class ServingScenario(Scenario):
     # ------------------------------------------------------------------ requests
     def _sender(self, session):
         """Sends one completion request to the job's server (vLLM's load generator)."""
-        url = f"{self.server.base_url}/v1/completions"
-        return vllm_sender(url, self.server.name, int(self.wl.output_tokens), session)
+        url = f"{self.live.base_url}/v1/completions"
+        return vllm_sender(url, self.live.name, int(self.wl.output_tokens), session)
 
     def _session(self):
         import aiohttp
@@ -192,14 +197,14 @@ class ServingScenario(Scenario):
                     self.watchdog.arm()
                 return await greedy_tokens(
                     session,
-                    self.server.base_url,
-                    self.server.name,
+                    self.live.base_url,
+                    self.live.name,
                     self.token_prompts[:cap],
                     int(self.wl.output_tokens),
                 )
 
         tokens = asyncio.run(go())
-        self.server.check()
+        self.live.check()
         self.generations += [
             {"batch_size": cap, "dp_rank": 0, "iteration": 0, "prompt_index": i, "token_ids": t}
             for i, t in enumerate(tokens)
@@ -207,12 +212,19 @@ class ServingScenario(Scenario):
         ]
         self.timing["servers"][-1]["warmup_s"] = time.monotonic() - t0
 
+    @property
+    def live(self) -> RunningServer:
+        """The server of the current batch cap (started by :meth:`start_server`)."""
+        if self.server is None:
+            raise RuntimeError("no engine server is running")
+        return self.server
+
     # ------------------------------------------------------------------ one load run
     def measure_load(self, cap: int, rep: int, point: LoadPoint) -> list[dict]:
         """One load run at ``point``: its window's rows (one per GPU reading)."""
         m = self.monitor
         wanted = METRICS.get(self.backend_name)
-        metrics_url = f"{self.server.base_url}/metrics"
+        metrics_url = f"{self.live.base_url}/metrics"
 
         def read_counters() -> dict | None:
             if wanted is None:
@@ -255,7 +267,7 @@ class ServingScenario(Scenario):
         with during(JobPhase.RAMP):  # on_open / on_close move it on to the window, the drain
             run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
         with during(JobPhase.DRAIN):
-            self.server.check()
+            self.live.check()
             settle_s = self._settle(read_counters)
         if run.open_s is None or run.close_s is None:
             raise RuntimeError(f"load {point.key} at batch cap {cap}: no steady-state window")
@@ -331,7 +343,7 @@ class ServingScenario(Scenario):
 
     async def _sample_queue(self, session, queue: QueueSamples, wanted: dict) -> None:
         period = 1.0 / float(self.sv.metrics_hz)
-        url = f"{self.server.base_url}/metrics"
+        url = f"{self.live.base_url}/metrics"
         while True:
             t = time.perf_counter()
             try:
@@ -344,7 +356,7 @@ class ServingScenario(Scenario):
 
     # ------------------------------------------------------------------ rows
     def _window_rows(self, cap, rep, point: LoadPoint, run, stats: dict) -> list[dict]:
-        from energysweep.scenarios.serving_rows import serving_columns
+        from energysweep.scenarios.serving.rows import serving_columns
 
         w = {
             "start": run.opened["wall_ns"],
@@ -367,7 +379,7 @@ class ServingScenario(Scenario):
         return rows
 
     def _log_requests(self, cap, point, rep, records, phase, run=None) -> None:
-        from energysweep.scenarios.serving_rows import request_rows
+        from energysweep.scenarios.serving.rows import request_rows
 
         self.request_rows += request_rows(
             self.job,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 from energysweep.job.gpu_freq import ClockSyntaxError, parse_clock
 from energysweep.job.gpu_request import NVML, SETTING_AXES, SLURM_PROLOG, axis_text
@@ -112,7 +113,7 @@ def expand(grid: Grid, config: dict, no_gpu: str | None) -> Grid:
     axes = _axis_values(gpu)
     if not axes:
         return grid
-    combos = [
+    combos: list[dict[str, Any]] = [  # JobKey fields: the axes' texts
         {a: axis_text(v) for a, v in zip(axes, combo, strict=True)}
         for combo in itertools.product(*axes.values())
     ]
@@ -163,6 +164,8 @@ def constraint(key: JobKey, config: dict) -> str | None:
     """The node feature asking the site's prolog for the job's power limit, or None."""
     gpu = Gpu.from_config(config)
     request = key.gpu_request(gpu.power_limit_method)
-    if request is None or request.routes(under_slurm=True)[0] != SLURM_PROLOG:
+    if request is None or request.power_limit_w is None:
+        return None
+    if request.routes(under_slurm=True)[0] != SLURM_PROLOG:
         return None
     return gpu.prolog_constraint.replace("{watts}", str(round(request.power_limit_w)))

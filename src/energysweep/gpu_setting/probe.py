@@ -1,7 +1,8 @@
 """The GPU setting behind every window, read back on the rank: its shard columns and its check.
 
 The launcher sets the job's power limit and clocks and records what it did
-(energysweep.launch.gpu_guard; the record is named by ``ENERGYSWEEP_GPU_SETTINGS``). On every
+(energysweep.launch.gpu_guard; the record, energysweep.gpu_setting.record, is named by
+``ENERGYSWEEP_GPU_SETTINGS``). On every
 rank a :class:`SettingsProbe` reads each of its GPUs' enforced power limit, applications clocks
 and current clocks right before a window's start edge and right after its end edge (outside the
 window's energy), and every row says what was asked, what was read and whether they agree
@@ -14,24 +15,17 @@ ever measured at a setting other than the one its row names.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from dataclasses import dataclass
-from pathlib import Path
 
+from energysweep.gpu_setting import control as gs
+from energysweep.gpu_setting.record import RECORD_ENV, SettingsRecord
 from energysweep.hw import nvml, nvml_settings
 from energysweep.job.gpu_request import GpuRequest
-from energysweep.job.sections import load_section
-from energysweep.measure import gpu_settings as gs
 from energysweep.tables.status import SettingStatus
 
-# The environment variable naming the job's settings record (set by the launcher,
-# energysweep.launch.gpu_guard; read by every rank).
-RECORD_ENV = "ENERGYSWEEP_GPU_SETTINGS"
 UNSET = SettingStatus.UNSET
 # Shard columns this module fills (energysweep.tables.shards), with their not-measured values.
-EMPTY = {
+EMPTY: dict[str, float | int | str | None] = {
     "gpu_power_limit_target_w": None,
     "gpu_sm_clock_target_mhz": None,
     "gpu_mem_clock_target_mhz": None,
@@ -62,38 +56,6 @@ _RANK = {UNSET: 0, gs.APPLIED: 0, gs.UNVERIFIED: 1, gs.NOT_APPLIED: 2, gs.REFUSE
 
 class SettingNotApplied(RuntimeError):
     """The job's GPU setting is not in effect on some GPU: its points are not measured."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SettingsRecord:
-    """What the launcher did to the job's GPUs on its node (energysweep.launch.gpu_guard),
-    written as JSON to the file :data:`RECORD_ENV` names, loaded back by every rank.
-
-    ``routes`` says who sets each part (``power_limit``, ``clock``: energysweep.job.gpu_request);
-    ``slurm_tres_freq`` is what sbatch --gpu-freq asked, as Slurm records the job, and
-    ``slurm_gpu_freq`` what reached the step's environment; ``error`` why nothing could be set.
-    """
-
-    request: GpuRequest
-    routes: dict[str, str | None]
-    host: str
-    slurm_tres_freq: str | None
-    slurm_gpu_freq: str | None
-    gpus: list[gs.GpuSetting]
-    error: str | None
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def load(cls, path: str | Path) -> SettingsRecord:
-        """The record in ``path``; an unknown or missing key is an error."""
-        data = json.loads(Path(path).read_text())
-        if isinstance(data, dict) and "request" in data:  # a missing key: load_section says so
-            data["request"] = load_section(GpuRequest, data["request"], f"{path}: request")
-        if isinstance(data, dict) and "gpus" in data:
-            data["gpus"] = [gs.GpuSetting.from_dict(g) for g in data["gpus"]]
-        return load_section(cls, data, str(path))
 
 
 class SettingsProbe:
@@ -131,7 +93,7 @@ class SettingsProbe:
             )
 
     def read(self) -> dict[str, dict | None]:
-        """Per GPU UUID what it enforces now (energysweep.measure.gpu_settings.read_back)."""
+        """Per GPU UUID what it enforces now (energysweep.gpu_setting.control.read_back)."""
         out: dict[str, dict | None] = {}
         for uuid in self.uuids:
             try:
@@ -166,10 +128,11 @@ class SettingsProbe:
             ):
                 problems.append(f"{uuid}: {'; '.join(s.detail)}")
                 continue
-            if now[uuid] is None:
+            reading = now[uuid]
+            if reading is None:
                 problems.append(f"{uuid}: its settings could not be read back")
                 continue
-            power, clock = gs.mismatches(s, now[uuid])
+            power, clock = gs.mismatches(s, reading)
             problems += [f"{uuid}: {m}" for m in (power, clock) if m]
         return problems
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from energysweep.job.sections import Workload
 from energysweep.job.spec import LaunchedJob
-from energysweep.scenarios.serving_load import CONCURRENCY, LoadPoint, LoadRun, RequestRecord
+from energysweep.scenarios.serving.load import CONCURRENCY, LoadPoint, LoadRun, RequestRecord
 
 # Client-side timings: vLLM's request function, at the arrival of each streamed chunk.
 REQUEST_SOURCE = "client: vllm.benchmarks request function (streamed chunk arrival times)"
@@ -90,7 +90,7 @@ def request_rows(
     for r in records:
         met = None
         if r.success:
-            met = (ttft_slo is None or r.ttft_s <= ttft_slo) and (
+            met = (ttft_slo is None or (r.ttft_s is not None and r.ttft_s <= ttft_slo)) and (
                 tpot_slo is None or (r.tpot_s or 0.0) <= tpot_slo
             )
         rows.append(

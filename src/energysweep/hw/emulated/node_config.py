@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from energysweep.hw.emulated.profiles import PROFILES, Profile, profile
 
@@ -146,7 +147,7 @@ def problems(section: dict) -> list[str]:
             f"config key {KEY}.profile: {prof!r} is not a known profile; use one of "
             f"{sorted(PROFILES)}"
         ]
-    resolved = {
+    resolved: dict[str, Any] = {  # numbers: the schema's (set) or the profile's
         k: section.get(k) if section.get(k) is not None else getattr(PROFILES[prof], k)
         for k in PROFILE_KEYS
     }

@@ -19,13 +19,13 @@ A load run sends requests at one load point and brackets one energy window on it
 
 ``on_open``/``on_close`` are called at the window's edges (they read the energy counters, the
 server's CPU time and its /metrics counters); nothing else runs between them but the load.
-:func:`.serving_stats.window_stats` then counts what happened inside the window from the
+:func:`.stats.window_stats` then counts what happened inside the window from the
 request records: requests finished, tokens emitted (each token placed at the time its chunk
 arrived), prompt tokens of requests whose first token came inside it, latency percentiles.
 
 The request sender and the arrival generator are arguments, so the loop is tested without a
-server (tests/unit/test_serving_load.py); the real ones are in :mod:`.serving_client`, the window's
-statistics in :mod:`.serving_stats`.
+server (tests/unit/test_serving_load.py); the real ones are in :mod:`.client`, the window's
+statistics in :mod:`.stats`.
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """(e2e - TTFT) / (n - 1), as vLLM's benchmark computes it; None for n < 2."""
-        if not self.success or self.generated_tokens < 2 or self.ttft_s is None:
+        if not self.success or self.generated_tokens < 2:
+            return None
+        if self.ttft_s is None or self.latency_s is None:
             return None
         return (self.latency_s - self.ttft_s) / (self.generated_tokens - 1)
 

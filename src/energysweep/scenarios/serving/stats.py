@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from energysweep.scenarios.serving_load import LoadRun, RequestRecord
+from energysweep.scenarios.serving.load import LoadRun, RequestRecord
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -44,12 +44,12 @@ def window_stats(
     done = [r for r in run.records if r.success and inside(r.end_s)]
     tokens_out = sum(sum(lo <= t <= hi for t in r.token_times()) for r in run.records)
     tokens_in = sum(r.prompt_tokens for r in run.records if r.success and inside(r.first_token_s))
-    ttfts = [r.ttft_s for r in done]
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
     tpots = [r.tpot_s for r in done if r.tpot_s is not None]
     itls = [g for r in done for g in r.itl_s]
-    e2es = [r.latency_s for r in done]
+    e2es = [r.latency_s for r in done if r.latency_s is not None]
     met = sum(
-        (slo_ttft_s is None or r.ttft_s <= slo_ttft_s)
+        (slo_ttft_s is None or (r.ttft_s is not None and r.ttft_s <= slo_ttft_s))
         and (slo_tpot_s is None or (r.tpot_s or 0.0) <= slo_tpot_s)
         for r in done
     )

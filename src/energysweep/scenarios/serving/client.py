@@ -2,23 +2,46 @@
 
 - :func:`vllm_arrivals`: arrival times from ``vllm.benchmarks.serve.get_request``;
 - :func:`vllm_sender`: one request through ``vllm.benchmarks.lib.endpoint_request_func``
-  (streamed OpenAI completions), as a :class:`.serving_load.RequestRecord`;
+  (streamed OpenAI completions), as a :class:`.load.RequestRecord`;
 - :func:`greedy_tokens`: the token ids a server generates for prompts, unstreamed (vLLM's
   ``return_token_ids``), for the comparison with the offline backends;
 - :class:`Watchdog`: the client's bound on its own stalls;
-- :class:`ServedGpus`: which GPUs the client measures (every GPU of the job).
+- :class:`ServedGpus`: which GPUs the client measures (every GPU of the job);
+- :class:`RunningServer`: what the client asks of the job's engine server.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import subprocess
 import sys
 import time
+from typing import Protocol
 
 import numpy as np
 
-from energysweep.scenarios.serving_load import Arrivals, RequestRecord, Sender
+from energysweep.scenarios.serving.load import Arrivals, RequestRecord, Sender
+
+
+class _ServerOptions(Protocol):
+    max_num_seqs: int
+
+
+class RunningServer(Protocol):
+    """What the client asks of its engine server (energysweep.launch.server.Server, which the
+    scenario may not import: it is built by the launcher's side and handed over)."""
+
+    name: str
+    options: _ServerOptions
+    proc: subprocess.Popen | None
+
+    @property
+    def base_url(self) -> str: ...
+    def check(self) -> None: ...
+    def pids(self) -> list[int]: ...
+    def stop(self, grace_s: float) -> list[int]: ...
+    def print_log(self) -> None: ...
 
 
 def vllm_arrivals(seed: int) -> Arrivals:

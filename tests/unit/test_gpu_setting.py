@@ -13,15 +13,16 @@ import pynvml as real
 import pytest
 import yaml
 
+from energysweep.gpu_setting import control as gs
+from energysweep.gpu_setting.probe import SettingsProbe
+from energysweep.gpu_setting.record import RECORD_ENV, SettingsRecord
 from energysweep.job.gpu_freq import ClockSyntaxError, nearest, parse_clock
 from energysweep.job.gpu_request import GpuRequest
 from energysweep.job.sections import JobSpecError
 from energysweep.job.spec import JobKey
 from energysweep.launch import gpu_guard
-from energysweep.measure import gpu_settings as gs
-from energysweep.measure.settings import RECORD_ENV, SettingsProbe, SettingsRecord
 from energysweep.sweep import config as es_config
-from energysweep.sweep import settings as sweep_settings
+from energysweep.sweep import gpu_axes
 
 import fake_pynvml
 
@@ -318,7 +319,7 @@ def test_hostile_values_refused_by_the_schema_naming_the_key(over, key):
 )
 def test_hostile_values_refused_before_any_job_naming_the_key(over, needle):
     cfg = es_config.validate_schema(_config(**over))
-    assert needle in "\n".join(sweep_settings.check(cfg))
+    assert needle in "\n".join(gpu_axes.check(cfg))
 
 
 def test_settings_are_grid_axes_and_skipped_on_cpu_with_the_reason():
@@ -384,16 +385,16 @@ def test_a_job_asks_slurm_for_its_clock_and_the_prolog_for_its_limit():
     assert key.gpu_request(None) == GpuRequest(
         power_limit_w=300.0, clock="low,memory=high", power_limit_method=None
     )
-    assert sweep_settings.slurm_extra(key) == "--gpu-freq=low,memory=high"
+    assert gpu_axes.slurm_extra(key) == "--gpu-freq=low,memory=high"
     unset = JobKey.from_strings({**layout, "power_limit_w": "unset", "gpu_clock": "unset"})
     assert unset.gpu_request("nvml") is None
     no_clock = JobKey.from_strings({**layout, "power_limit_w": "300", "gpu_clock": "unset"})
-    assert sweep_settings.slurm_extra(no_clock) is None
+    assert gpu_axes.slurm_extra(no_clock) is None
     gpu = {"power_limit_w": [300], "clock": [], "prolog_constraint": "powercap_{watts}w"}
     cfg = {"gpu": {**gpu, "power_limit_method": "slurm-prolog"}}
-    assert sweep_settings.constraint(key, cfg) == "powercap_300w"
+    assert gpu_axes.constraint(key, cfg) == "powercap_300w"
     cfg["gpu"]["power_limit_method"] = "nvml"
-    assert sweep_settings.constraint(key, cfg) is None
+    assert gpu_axes.constraint(key, cfg) is None
 
 
 def test_under_slurm_the_guard_leaves_clocks_to_gpu_freq_and_says_so(

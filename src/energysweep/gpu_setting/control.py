@@ -242,10 +242,11 @@ def restore(settings: list[GpuSetting]) -> list[str]:
             continue
         try:
             handle = nvml.handle_by_uuid(s.uuid)
-            if s.changed_power_limit:
+            # What apply() remembered (a value it could not read is not put back: a problem).
+            if s.changed_power_limit and s.previous_power_limit_mw is not None:
                 ns.set_power_limit_mw(handle, s.previous_power_limit_mw)
                 s.changed_power_limit = ns.power_limit_mw(handle) != s.previous_power_limit_mw
-            if s.changed_clocks:
+            if s.changed_clocks and s.previous_app_clocks_mhz is not None:
                 mem, sm = s.previous_app_clocks_mhz
                 # Back at the defaults: a reset, as Slurm does; else the site's own values.
                 if [mem, sm] == [s.default_mem_clock_mhz, s.default_sm_clock_mhz]:

@@ -22,15 +22,18 @@ COLUMNS = ["job_wall_s", "job_window_fraction", *PHASE_COLUMNS]
 STATUS_COLUMN = "job_time_status"
 COUNTED, NOT_RECORDED = "counted", "not_recorded"
 NULL_STATUS = {c: (STATUS_COLUMN,) for c in COLUMNS}
+UNSET = "unset"  # the summary's text for a GPU setting axis the job did not set
 
 
 def _key(values) -> tuple:
-    """A job's key (:data:`JOB_KEYS`) as text, a missing or null axis as None: the same from
-    job.json's ``job`` and from a summary row."""
+    """A job's key (:data:`JOB_KEYS`) as text, a missing, null or ``unset`` axis as None: the
+    same from job.json's ``job`` (None where the sweep has no such axis) and from a summary row
+    (``unset`` there)."""
     out = []
     for k in JOB_KEYS:
         v = values.get(k)
-        out.append(None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+        null = v is None or v == UNSET or (isinstance(v, float) and math.isnan(v))
+        out.append(None if null else str(v))
     return tuple(out)
 
 

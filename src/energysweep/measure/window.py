@@ -34,6 +34,7 @@ def measure_window(
     cpu,
     settings=None,
     node=None,
+    processes=None,
 ) -> dict:
     """The window rule (module docstring) around ``step(i)``, called once per iteration.
 
@@ -51,15 +52,18 @@ def measure_window(
             before the start edge and right after the end edge, outside the window's energy.
         node: the rank's node energy source (energysweep.energy.node), read at the same
             moments (a Slurm query: too slow to sit inside the window).
+        processes: who else computes on the rank's GPUs (measure.gpu_processes), read so too.
 
     Returns:
         The window's edges (ns, ``start``/``end``), its ``iterations`` and its energy
         (``readings``), ``host`` and CPU-time (``cpu_s``) readings, and the GPU settings read
-        at both edges (``settings``), the start edge's wait for counter refreshes (``align_s``).
+        at both edges (``settings``), the GPUs' process lists there (``processes``) and the
+        start edge's wait for counter refreshes (``align_s``).
     """
     # Rank time (timing.phases_s): edges (syncs, barriers, alignment, reads), then the window.
     previous = switch(JobPhase.EDGES)
     before = settings.read() if settings is not None else None
+    procs_before = processes.read() if processes is not None else None
     if node is not None:
         node.begin()
     synchronize()
@@ -95,6 +99,7 @@ def measure_window(
     host_reading = host.end()
     readings = energy.end()  # waits for the counters' next refreshes, after the edge
     after = settings.read() if settings is not None else None
+    procs_after = processes.read() if processes is not None else None
     node_reading = node.end() if node is not None else None
     switch(previous)
     return {
@@ -107,4 +112,5 @@ def measure_window(
         "settings": (before, after),
         "node": node_reading,
         "align_s": align_s,
+        "processes": (procs_before, procs_after),
     }

@@ -114,6 +114,7 @@ class Scenario(ABC):
             cpu=self.cpu,
             settings=self.monitor.settings,
             node=self.monitor.node,
+            processes=self.monitor.processes,
         )
         self.window_ns_total += w["end"] - w["start"]
         # The shortest wait so far: the next one is at least as long (two refreshes).
@@ -133,6 +134,8 @@ class Scenario(ABC):
             self.check_settings(bs)
             with during(JobPhase.WARMUP):  # batches, warm-up (training: its model, a LOAD)
                 self.prepare(bs)
+            # The job's idle baseline: once, after the first warm-up, as the windows run.
+            self.monitor.ensure_idle()
             for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts

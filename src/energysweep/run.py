@@ -158,7 +158,8 @@ def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     with phase_clock.during(JobPhase.LOAD):  # the tokenizer, the parameter count
         scenario = ServingScenario(job, ctx, prompts, monitor, make_server)
     t0 = time.time()
-    scenario.start_server(job.batch_sizes[0])
+    with phase_clock.during(JobPhase.SERVER_START):
+        scenario.start_server(job.batch_sizes[0])
     monitor.start()
     return None, time.time() - t0, monitor, scenario
 

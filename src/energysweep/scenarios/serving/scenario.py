@@ -29,7 +29,7 @@ from pathlib import Path
 from energysweep.energy import wall_ns
 from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
-from energysweep.measure.phase_clock import during, switch
+from energysweep.measure.phase_clock import switch
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.serving.client import (
     RunningServer,
@@ -138,9 +138,8 @@ class ServingScenario(Scenario):
         self.watchdog.arm(timeout + self.watchdog.seconds)
         self.server = server
         try:
-            with during(JobPhase.SERVER_START):
-                server.start()
-                start_s = server.wait_healthy(timeout)
+            server.start()
+            start_s = server.wait_healthy(timeout)
         except BaseException:
             self.stop_server()  # whatever of it runs; its whole log goes into the rule's log
             raise
@@ -158,8 +157,7 @@ class ServingScenario(Scenario):
         if server is None:
             return
         t0 = time.monotonic()
-        with during(JobPhase.TEARDOWN):
-            killed = server.stop(self.stop_grace_s)
+        killed = server.stop(self.stop_grace_s)
         for rec in self.timing["servers"]:
             if server.proc is not None and rec["pid"] == server.proc.pid:
                 rec.update({"stop_s": time.monotonic() - t0, "killed": killed})
@@ -271,11 +269,11 @@ class ServingScenario(Scenario):
             return closed
 
         queue = QueueSamples()
-        with during(JobPhase.RAMP):  # on_open / on_close move it on to the window, the drain
-            run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
-        with during(JobPhase.DRAIN):
-            self.live.check()
-            settle_s = self._settle(read_counters)
+        previous = switch(JobPhase.RAMP)  # on_open / on_close move on to the window, the drain
+        run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
+        self.live.check()
+        settle_s = self._settle(read_counters)
+        switch(previous)  # (after an exception, the point loop puts its phase back)
         if run.open_s is None or run.close_s is None:
             raise RuntimeError(f"load {point.key} at batch cap {cap}: no steady-state window")
         self.window_ns_total += run.closed["wall_ns"] - run.opened["wall_ns"]

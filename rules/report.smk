@@ -57,6 +57,9 @@ rule figures:
             "2 Where energy goes",
             "Energy boundary ladder: GPU, host, node, facility, CO2e",
         ),
+        job_time=report_figure(
+            "job_time", "2 Where energy goes", "Where each job's time went"
+        ),
     log:
         "logs/figures.log",
     conda:

@@ -24,6 +24,7 @@ from energysweep.aggregate import (
     summarize,
     windows,
 )
+from energysweep.aggregate.job_time import job_time_columns
 from energysweep.aggregate.publish import publish
 from energysweep.aggregate.windows import WINDOW_COLUMNS
 from energysweep.job.sections import Facility
@@ -71,8 +72,7 @@ def aggregate(
     facility_config: dict | None = None,
 ) -> None:
     """Merge shards or job tables (``paths``; same schema) into ``energy_out`` (a hive-partitioned
-    Parquet dataset, see
-    :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
+    Parquet dataset, see :func:`write_dataset`) and write the per-point ``summary_out`` (CSV).
 
     With ``jobs`` (job.json paths), every job table is verified against its job.json first
     (:func:`merge`); with ``environment_out`` too, also write the environment table. With
@@ -80,7 +80,8 @@ def aggregate(
     timelines, write the validation table and the per-stage table, and add the validity verdict
     to the summary (energysweep.validity; thresholds ``validity_config``, the validated config's
     ``validity`` section, required then). Every point gets its GPU setting
-    (energysweep.aggregate.gpu_setting) and its energy boundary ladder
+    (energysweep.aggregate.gpu_setting), its job's time by phase (energysweep.aggregate.job_time)
+    and its energy boundary ladder
     (energysweep.aggregate.ladder; PUE and carbon intensity from ``facility_config``, the
     validated config's ``facility`` section; None: not estimated).
 
@@ -109,7 +110,7 @@ def aggregate(
             table.select(ladder.NODE_COLUMNS).to_pandas(),
             None if facility_config is None else Facility.from_config(facility_config),
         )
-        summary = pd.concat([summary, setting, rungs], axis=1)
+        summary = pd.concat([summary, setting, rungs, job_time_columns(summary, records)], axis=1)
     validation = stages = None
     if validation_out is not None or stages_out is not None:
         summary, validation, stages = _verdict(summary, table, jobs or [], validity_config)

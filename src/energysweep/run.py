@@ -27,11 +27,12 @@ from energysweep.hw import nvml as hw_nvml
 from energysweep.job.backends import SERVING
 from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
-from energysweep.measure import progress
+from energysweep.measure import phase_clock, progress
 from energysweep.measure.monitor import JobMonitor
 from energysweep.scenarios.base import Scenario
 from energysweep.tables import io as tables_io
 from energysweep.tables import shards
+from energysweep.tables.phases import JobPhase
 
 
 def _seed(seed: int) -> dict:
@@ -133,7 +134,8 @@ def _start_scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str])
         # Training loads a trainable copy of the model per grid point (inside its windows'
         # set-up): no job-level load.
         monitor = JobMonitor(job, ctx)
-        training = TrainingScenario(job, ctx, prompts, monitor)
+        with phase_clock.during(JobPhase.LOAD):  # tokenizer, training samples, parameter count
+            training = TrainingScenario(job, ctx, prompts, monitor)
         if ctx.rank == 0:
             progress.say("training loads its model at each batch size (no job-level load)")
         monitor.start()
@@ -141,12 +143,14 @@ def _start_scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str])
     from energysweep.scenarios.inference import InferenceScenario
 
     t_load = time.time()
-    backend = load_backend(job, ctx)
+    with phase_clock.during(JobPhase.LOAD):
+        backend = load_backend(job, ctx)
     load_s = time.time() - t_load
     if ctx.rank == 0:
         progress.say(f"model loaded in {load_s:.1f} s ({job.key.model})")
     monitor = JobMonitor(job, ctx, backend=backend)
-    scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
+    with phase_clock.during(JobPhase.LOAD):  # the parameter count
+        scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
     monitor.start(backend.synchronize)
     return backend, load_s, monitor, scenario
 
@@ -164,9 +168,11 @@ def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
         server_for_job, job, ctx.model_dir, ctx.layout, ctx.device.startswith("cuda")
     )
     monitor = JobMonitor(job, ctx, backend=ServedGpus(ctx.layout.world_size))
-    scenario = ServingScenario(job, ctx, prompts, monitor, make_server)
+    with phase_clock.during(JobPhase.LOAD):  # the tokenizer, the parameter count
+        scenario = ServingScenario(job, ctx, prompts, monitor, make_server)
     t0 = time.time()
-    scenario.start_server(job.batch_sizes[0])
+    with phase_clock.during(JobPhase.SERVER_START):
+        scenario.start_server(job.batch_sizes[0])
     monitor.start()
     return None, time.time() - t0, monitor, scenario
 
@@ -180,21 +186,43 @@ def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int
     job_tables = []  # rank 0: every shard of the job, for the job table
     for bs in job.batch_sizes:
         for rep, rows in enumerate(scenario.point(bs)):
-            gathered = dist.gather(rows)
-            if ctx.rank == 0:
-                # A serving client's rows are final (one process measures every GPU).
-                rows = _flat(gathered) if scenario.rows_final else combine_ranks(gathered)
-                for line in progress.window_lines(rows):
-                    progress.say(line)
-                table = shards.to_table(rows)
-                tables_io.write_atomic(table, job.outputs.shard(bs, rep))
-                job_tables.append(table)
+            with phase_clock.during(JobPhase.WRITE):
+                gathered = dist.gather(rows)
+                if ctx.rank == 0:
+                    # A serving client's rows are final (one process measures every GPU).
+                    rows = _flat(gathered) if scenario.rows_final else combine_ranks(gathered)
+                    for line in progress.window_lines(rows):
+                        progress.say(line)
+                    table = shards.to_table(rows)
+                    tables_io.write_atomic(table, job.outputs.shard(bs, rep))
+                    job_tables.append(table)
+    phase_clock.switch(JobPhase.TEARDOWN)  # the last window is behind: the rest is teardown
     if ctx.rank != 0:
         return None
     # The same rows in one file: what the merge reads (one file per job, not per window).
     job_table = shards.concat(job_tables)
     tables_io.write_atomic(job_table, job.outputs.job_table)
     return job_table.num_rows
+
+
+def _timing(monitor, scenario, load_s, window_ns, startups) -> dict:
+    """job.json ``timing``: rank 0's wall time, split into phases that add up to it."""
+    # The process's life up to now (energysweep.measure.phase_clock); its phases add up to it.
+    phases = phase_clock.CLOCK.totals()
+    wall_s = phase_clock.CLOCK.wall_s()
+    return {
+        "rank0_wall_s": wall_s,
+        "phases_s": phases,
+        "model_load_s": load_s,
+        **monitor.idle_timing(),
+        "window_s": window_ns[0] / 1e9,
+        "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
+        "warmup": scenario.warmups,  # each point's, on rank 0 (measure.warmup)
+        "backend_startup": startups if any(startups) else None,
+        # Serving: each server's start, warm-up and stop, each load run's ramp, window
+        # and drain (bench/serving_overhead.py reads them).
+        "serving": getattr(scenario, "timing", None),
+    }
 
 
 def _fail_closed(job: LaunchedJob, ctx: dist.RankContext, gpus: list[str]) -> None:
@@ -217,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="the launched job (JobDir.spec_file)")
     args = parser.parse_args(argv)
     job = LaunchedJob.load(args.spec)
-    t_start = time.time()
     ctx, audits, seeds = _start_ranks(job)
     gpus = _gpus_measured(job, ctx)
     # Emulated node: this rank's (a serving client: its server's) activity is the GPUs' load.
@@ -230,19 +257,28 @@ def main(argv: list[str] | None = None) -> int:
     from energysweep.tables.job_record import write_job_record
 
     prompts = load_prompts(None if job.workload.prompts == "builtin" else job.workload.prompts)
+    phase_clock.switch(JobPhase.OTHER)  # the ranks are up: what follows is the job's own
     backend, load_s, monitor, scenario = _scenario(job, ctx, prompts)
-    job_table_rows = _measure(job, ctx, scenario)
+    job_table_rows = _measure(job, ctx, scenario)  # ends in the teardown phase
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(scenario.generations)
     window_ns = dist.gather(scenario.window_ns_total)
     # Engine start-up per rank (vLLM: import, engine init, compile), taken before any window.
     startups = dist.gather(getattr(backend, "startup", None))
+    scenario.close()  # serving: stops the last server, writes requests.parquet
+    monitor.close()
+    if owner is not None:
+        owner.close()  # the emulated GPU's ground truth (emulated/<host>/truth-*.parquet)
+    if backend is not None:
+        backend.close()  # collective: engine backends gather and write requests.parquet here
+    writer = backend if backend is not None else scenario
     if ctx.rank == 0:
         if job_table_rows is None or samples is None:  # rank 0 holds both (_measure, gather)
             raise RuntimeError("rank 0 holds no job table or no power samples")
+        if not getattr(writer, "writes_requests", False):
+            _write_no_requests(job)
         write_generations(generations, job.outputs.generations)
         write_power([s for rank in samples for s in rank], job.outputs.power, monitor.sampler_hz)
-        wall_s = time.time() - t_start
         environment = job_environment(
             monitor.env_start,
             monitor.env_end,
@@ -251,32 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             job.code_version,
             seeds,
         )
-        write_job_record(
-            job,
-            audits,
-            environment,
-            {
-                "rank0_wall_s": wall_s,
-                "model_load_s": load_s,
-                **monitor.idle_timing(),
-                "window_s": window_ns[0] / 1e9,
-                "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
-                "warmup": scenario.warmups,  # each point's, on rank 0 (measure.warmup)
-                "backend_startup": startups if any(startups) else None,
-                # Serving: each server's start/warm-up/stop, each load run's ramp/window/drain.
-                "serving": getattr(scenario, "timing", None),
-            },
-            job_table_rows,
-        )
-    scenario.close()  # serving: stops the last server, writes requests.parquet
-    monitor.close()
-    if owner is not None:
-        owner.close()  # the emulated GPU's ground truth (emulated/<host>/truth-*.parquet)
-    if backend is not None:
-        backend.close()  # collective: engine backends gather and write requests.parquet here
-    writer = backend if backend is not None else scenario
-    if not getattr(writer, "writes_requests", False) and ctx.rank == 0:
-        _write_no_requests(job)
+        # Last: its timing covers the whole job (the teardown above included).
+        timing = _timing(monitor, scenario, load_s, window_ns, startups)
+        write_job_record(job, audits, environment, timing, job_table_rows)
     dist.barrier()
     dist.destroy()
     return 0

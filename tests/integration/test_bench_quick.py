@@ -28,6 +28,7 @@ BENCHES = {
     "validity_calibration.py": "false-invalid rate of healthy windows at the defaults: ",
     "serving_overhead.py": "serving time outside windows / inside: ",
     "fit_h200_profile.py": "fit_h200_profile: refresh ",
+    "job_overhead.py": "job_overhead: sweep wall / windows = ",
 }
 
 

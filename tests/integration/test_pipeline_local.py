@@ -415,3 +415,46 @@ def test_report_first_screen_answers_the_sweep_question_on_cpu(local_run, tmp_pa
         assert "CPU s per output token" in text and "CPU s per training token" in text
         assert "GPU setting: node default" in text
         assert browser.errors() == []
+
+
+def check_job_phases(wf) -> list[dict]:
+    """job.json timing.phases_s of every job of the sweep in ``wf``: every phase named once,
+    adding up to rank 0's wall within 1 s; the window phase is the windows' own edges' total;
+    the summary carries the same figures. Returns the jobs' timings (bench/job_overhead.py's
+    sweeps are checked with it too)."""
+    from energysweep.tables.phases import JOB_PHASES
+
+    summary = pd.read_csv(wf / "results" / "summary.csv")
+    timings = []
+    for path in sorted((wf / "results" / "shards").rglob("job.json")):
+        rec = json.loads(path.read_text())
+        t = rec["timing"]
+        phases = t["phases_s"]
+        assert list(phases) == [p.value for p in JOB_PHASES], path
+        assert all(s >= 0 for s in phases.values()), phases
+        assert abs(sum(phases.values()) - t["rank0_wall_s"]) < 1.0, (path, phases, t)
+        # The window phase runs from each start edge to its end edge, as window_s does.
+        assert abs(phases["window"] - t["window_s"]) < 1.0, (path, phases, t)
+        assert phases["window"] > 0 and phases["start"] > 0, phases
+        if rec["job"]["scenario"] == "serving":
+            assert phases["server_start"] > 0 and phases["ramp"] > 0, phases
+        k = rec["job"]
+        mine = summary[
+            summary["backend"].eq(k["backend"])
+            & summary["scenario"].eq(k["scenario"])
+            & summary["tp"].eq(k["tp"])
+            & summary["pp"].eq(k["pp"])
+            & summary["dp"].eq(k["dp"])
+        ]
+        assert len(mine) and (mine["job_time_status"] == "counted").all()
+        assert mine["job_window_s"].iloc[0] == pytest.approx(phases["window"])
+        assert mine["job_wall_s"].iloc[0] == pytest.approx(t["rank0_wall_s"])
+        timings.append({"job": k, **t})
+    return timings
+
+
+@pytest.mark.timeout(900)
+def test_every_second_of_every_job_is_in_a_phase(local_run):
+    wf, _ = local_run
+    timings = check_job_phases(wf)
+    assert {t["job"]["scenario"] for t in timings} == {"inference", "training", "serving"}

@@ -180,3 +180,29 @@ def test_interpreter_path_with_shell_characters_is_refused(tmp_path):
     c = cfg(["pytorch"], {"vllm": "/opt/x; rm -rf ~/bin/python"})
     with pytest.raises(es_config.ConfigError, match=r"environments\.vllm.*not allowed"):
         es_config.check(c, workflow_dir=tmp_path)
+
+
+def test_a_check_is_kept_with_the_environment_and_its_lock(tmp_path, monkeypatch):
+    """A clean run (no .snakemake cache) finds the check inside the environment while its lock
+    is the one checked; a rebuilt environment (another lock hash) is probed again."""
+    py = fake_env(tmp_path, "locked", "__version__ = '0.32.0'")
+    record = Path(py).parent.parent / interpreters.ENV_RECORD
+    record.write_text('{"lock": "envs/x.lock", "lock_sha256": "aaa"}')
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(*args, **kw):
+        calls.append(args[0])
+        return real_run(*args, **kw)
+
+    monkeypatch.setattr(interpreters.subprocess, "run", counting_run)
+    assert interpreters.probe(py, "fakeengine", cache_file=tmp_path / "a.json")["ok"]
+    assert (Path(py).parent.parent / interpreters.ENV_CACHE).is_file()
+    interpreters._memo.clear()
+    # A clean run: another (empty) workflow cache, the environment's own still there.
+    assert interpreters.probe(py, "fakeengine", cache_file=tmp_path / "b.json")["ok"]
+    assert len(calls) == 1
+    record.write_text('{"lock": "envs/x.lock", "lock_sha256": "bbb"}')  # rebuilt from a new lock
+    interpreters._memo.clear()
+    assert interpreters.probe(py, "fakeengine", cache_file=tmp_path / "c.json")["ok"]
+    assert len(calls) == 2

@@ -293,3 +293,18 @@ def test_contract_with_the_real_vllm():
 def test_an_empty_request_table_keeps_the_schema(tmp_path):
     request_log.write([], tmp_path / "r.parquet")  # an empty table keeps the schema
     assert request_log.read(tmp_path / "r.parquet").num_rows == 0
+
+
+def test_an_eager_engine_on_cpu_ranks_compiles_nothing(monkeypatch):
+    """vLLM's own torch.compile helpers (tp > 1's embedding mask on CPUs) would compile C++ in
+    the first warm-up: TorchDynamo is off on CPU ranks of an eager engine, and only there."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    assert not vllm_backend.eager_on_cpu(on_gpu=True, enforce_eager=True)
+    assert not vllm_backend.eager_on_cpu(on_gpu=False, enforce_eager=False)
+    assert torch._dynamo.config.disable is False
+    assert vllm_backend.eager_on_cpu(on_gpu=False, enforce_eager=True)
+    assert torch._dynamo.config.disable is True
+    compiled = torch.compile(lambda x: x + 1)
+    assert compiled(torch.ones(2)).tolist() == [2.0, 2.0]  # runs eagerly, nothing compiled

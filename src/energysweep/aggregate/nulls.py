@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from energysweep.aggregate.job_time import NULL_STATUS as JOB_TIME_NULL_STATUS
 from energysweep.aggregate.serving import NULL_STATUS as SERVING_NULL_STATUS
 from energysweep.tables.status import EnergyStatus, SettingStatus, Status
 
@@ -121,6 +122,7 @@ for _c in _OUTPUT_TOKEN_COLUMNS:
     NULL_STATUS[_c] = ("output_token_status", *NULL_STATUS[_c])
 NULL_STATUS.update(TRAINING_NULL_STATUS)
 NULL_STATUS.update(SERVING_NULL_STATUS)
+NULL_STATUS.update(JOB_TIME_NULL_STATUS)
 # A status that explains nothing (the value is there): a point, energy or FLOPs count that is ok.
 # A setting read back as asked is "applied"; a facility rung with its estimate is "estimated".
 OK_STATUSES = {

@@ -23,6 +23,9 @@ How a layout maps onto vLLM (checked against vLLM 0.32.0's source, see docs/back
   passed (it applies to GPUs only).
 - start-up (import, engine construction: weights, KV cache, torch.compile) is timed per job and
   goes to job.json (``timing.backend_startup``), outside every window.
+- on CPU ranks with ``engine.enforce_eager`` TorchDynamo is off in the rank
+  (:func:`eager_on_cpu`): vLLM's own ``torch.compile`` helpers would otherwise compile C++ in
+  the first warm-up of every tp >= 2 job (the 18 s "tp=2 gap" before its first window);
 - its CPU communicator's shared-memory segments carry the job's identity
   (:func:`name_segments_per_job`), so two jobs on a node never share or block each other's;
 - an exception on one rank of a multi-rank engine leaves the other ranks inside the engine's
@@ -91,6 +94,28 @@ def sampling_kwargs(output_tokens: int) -> dict:
         # No text is needed (token ids are compared), and PyTorch does not detokenise either.
         "detokenize": False,
     }
+
+
+def eager_on_cpu(on_gpu: bool, enforce_eager: bool) -> bool:
+    """Turn TorchDynamo off in this rank where the job asked for an eager engine on CPU ranks.
+
+    ``enforce_eager`` turns off vLLM's compilation of the model, but not the helpers vLLM
+    decorates with ``torch.compile`` itself: at tp > 1 on CPUs (no fused CUDA kernel) the
+    vocab-parallel embedding's mask (``get_masked_input_and_mask``) is compiled by inductor into
+    C++ on the first request: 18 s on an idle 2-core machine, 80-120 s under load, in the first
+    warm-up of every tp >= 2 job (tp=1 and dp=2 have no such helper). Eager, the same mask
+    gives the same tokens. GPU ranks are left as vLLM has them.
+
+    Returns:
+        True where it was turned off (the job's log says so).
+    """
+    if on_gpu or not enforce_eager:
+        return False
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+    print("vllm: engine.enforce_eager on CPU ranks: torch.compile off in this rank", flush=True)
+    return True
 
 
 def name_segments_per_job(prefix: str) -> bool:
@@ -188,13 +213,14 @@ class VllmBackend(EngineBackend):
 
     def __init__(self, ctx, job: LaunchedJob):
         super().__init__(ctx, job)
+        on_gpu = ctx.device.startswith("cuda")
+        eager_on_cpu(on_gpu, bool(job.engine.enforce_eager))
         t0 = time.perf_counter()
         import vllm
         from vllm import LLM, SamplingParams
 
         t1 = time.perf_counter()
         name_segments_per_job(segment_prefix(job.job_id))
-        on_gpu = ctx.device.startswith("cuda")
         self.llm = LLM(**engine_kwargs(job, ctx.model_dir, on_gpu=on_gpu))
         t2 = time.perf_counter()
         self._sampling_cls = SamplingParams

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from energysweep.figures.data import prepare
 from energysweep.figures.gpu_settings import baseline, settings_figure
 from energysweep.figures.headline import headline_html
+from energysweep.figures.job_time import job_time_figure
 from energysweep.figures.ladder import energy_ladder
 from energysweep.figures.pareto import pareto_front
 from energysweep.figures.phases import prefill_decode, stage_balance
@@ -44,6 +45,7 @@ FIGURES = {
     "serving_slo": "serving: energy per request vs latency under the SLO",
     "gpu_settings": "energy per token at each GPU power limit and clock",
     "energy_ladder": "energy per token as the boundary widens: GPU, host, node, facility, CO2e",
+    "job_time": "where each job's time went: its phases, the share inside windows",
 }
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "energy_ladder",
     "energy_per_token",
     "headline_html",
+    "job_time_figure",
     "layout_style",
     "layouts_at_equal_gpus",
     "pareto_front",

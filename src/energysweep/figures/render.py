@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +16,7 @@ from energysweep.figures import (
     energy_ladder,
     energy_per_token,
     headline_html,
+    job_time_figure,
     layouts_at_equal_gpus,
     pareto_front,
     power_timeline,
@@ -136,10 +139,49 @@ def draw_all(
         "serving_slo": lambda: serving_slo(s, slo),
         "gpu_settings": lambda: settings_figure(every),
         "energy_ladder": lambda: energy_ladder(every),
+        "job_time": lambda: job_time_figure(every),
     }
-    written = {}
-    for name, out in outputs.items():
-        save(makers[name](), out)
-        print(f"figure {name}: {out}", flush=True)
-        written[name] = Path(out)
-    return written
+    _draw_in_parallel(makers, outputs)
+    return {name: Path(out) for name, out in outputs.items()}
+
+
+# Figures are drawn by this many forked processes at most (one per core): each draws its share.
+MAX_DRAWERS = 4
+DRAW_TIMEOUT_S = 900  # a drawer that has not finished by then is stopped and the step fails
+
+
+def _draw(makers: dict, outputs: dict, names: list[str]) -> None:
+    for name in names:
+        save(makers[name](), outputs[name])
+        print(f"figure {name}: {outputs[name]}", flush=True)
+
+
+def _draw_in_parallel(makers: dict, outputs: dict) -> None:
+    """Draw ``outputs`` with up to one forked process per core (the tables loaded once, before
+    the fork); in this process where there is one core or no ``fork``.
+
+    Raises:
+        RuntimeError: naming the figures of every drawer that failed (its traceback is above
+            it in the log) or did not finish within :data:`DRAW_TIMEOUT_S`.
+    """
+    names = list(outputs)
+    drawers = min(len(names), os.cpu_count() or 1, MAX_DRAWERS)
+    if drawers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        _draw(makers, outputs, names)
+        return
+    fork = multiprocessing.get_context("fork")
+    shares = [names[i::drawers] for i in range(drawers)]
+    procs = [fork.Process(target=_draw, args=(makers, outputs, share)) for share in shares]
+    for p in procs:
+        p.start()
+    failed = []
+    for p, share in zip(procs, shares, strict=True):
+        p.join(DRAW_TIMEOUT_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+            failed.append(f"{share} (not done within {DRAW_TIMEOUT_S} s)")
+        elif p.exitcode != 0:
+            failed.append(f"{share} (exit {p.exitcode})")
+    if failed:
+        raise RuntimeError(f"drawing figures failed: {'; '.join(failed)}")

@@ -12,6 +12,8 @@ from energysweep.gpu_setting.probe import SettingsProbe
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.gpu_processes import ProcessProbe
+from energysweep.measure.phase_clock import during
+from energysweep.tables.phases import JobPhase
 from energysweep.tables.status import EnergyStatus
 
 # The power timeline goes on this long after the last window: the re-check integrates the power
@@ -141,7 +143,8 @@ class JobMonitor:
         if self._idle_done or self._synchronize is None:
             return
         self._idle_done = True
-        self.measure_idle(self._synchronize)
+        with during(JobPhase.IDLE_BASELINE):  # the settling wait and the baseline itself
+            self.measure_idle(self._synchronize)
 
     def measure_idle(self, synchronize) -> None:
         """Idle power of every GPU (and host) of this rank: once the GPUs have settled

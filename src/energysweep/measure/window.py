@@ -18,6 +18,8 @@ import math
 
 from energysweep import dist
 from energysweep.energy import wall_ns
+from energysweep.measure.phase_clock import switch
+from energysweep.tables.phases import JobPhase
 
 
 def measure_window(
@@ -36,6 +38,9 @@ def measure_window(
 ) -> dict:
     """The window rule (module docstring) around ``step(i)``, called once per iteration.
 
+    Why this is long: the edges are one sequence (reads, sync, barrier, alignment, the window,
+    and the same in reverse) that reads top to bottom; split, their order would be hidden.
+
     Args:
         step: runs iteration ``i`` (a batch, an optimizer step).
         min_iters: the fewest iterations of the window.
@@ -52,8 +57,11 @@ def measure_window(
     Returns:
         The window's edges (ns, ``start``/``end``), its ``iterations`` and its energy
         (``readings``), ``host`` and CPU-time (``cpu_s``) readings, and the GPU settings read
-        at both edges (``settings``), and the GPUs' process lists there (``processes``).
+        at both edges (``settings``), the GPUs' process lists there (``processes``) and the
+        start edge's wait for counter refreshes (``align_s``).
     """
+    # Rank time (timing.phases_s): edges (syncs, barriers, alignment, reads), then the window.
+    previous = switch(JobPhase.EDGES)
     before = settings.read() if settings is not None else None
     procs_before = processes.read() if processes is not None else None
     if node is not None:
@@ -62,12 +70,15 @@ def measure_window(
     dist.barrier()
     # The GPU source waits for its counters' refreshes (energysweep.energy.ticks); the window
     # starts when every rank's has.
+    align_s = clock()
     energy.prepare()
+    align_s = clock() - align_s
     dist.barrier()
     energy.begin()
     host.begin()
     cpu.begin()
     start = wall_ns()
+    switch(JobPhase.WINDOW)
     t0 = clock()
     it, target = 0, min_iters
     while True:
@@ -83,12 +94,14 @@ def measure_window(
     synchronize()
     dist.barrier()
     end = wall_ns()
+    switch(JobPhase.EDGES)
     cpu_s = cpu.end()
     host_reading = host.end()
     readings = energy.end()  # waits for the counters' next refreshes, after the edge
     after = settings.read() if settings is not None else None
     procs_after = processes.read() if processes is not None else None
     node_reading = node.end() if node is not None else None
+    switch(previous)
     return {
         "start": start,
         "end": end,
@@ -98,5 +111,6 @@ def measure_window(
         "cpu_s": cpu_s,
         "settings": (before, after),
         "node": node_reading,
+        "align_s": align_s,
         "processes": (procs_before, procs_after),
     }

@@ -19,10 +19,11 @@ from energysweep.energy import CpuTime
 from energysweep.gpu_setting.probe import SettingNotApplied
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure import progress
+from energysweep.measure.phase_clock import during, switch
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
 from energysweep.measure.warmup import max_seconds, warm_up
 from energysweep.measure.window import measure_window
-from energysweep.tables.phases import Phase
+from energysweep.tables.phases import JobPhase, Phase
 from energysweep.tables.status import Status
 from energysweep.util import faults
 from energysweep.util.oom import is_oom
@@ -72,6 +73,9 @@ class Scenario(ABC):
         self.cpu = CpuTime()
         self.window_ns_total = 0
         self.warmups: list[dict] = []
+        # The shortest start-edge wait for counter refreshes so far (cool_down); None: none yet.
+        self._align_s = 0.0
+        self._aligned: float | None = None
         self.generations: list[dict] = []
         self.params, self.params_method = model_parameters(job, ctx.model_dir)
 
@@ -97,6 +101,14 @@ class Scenario(ABC):
     def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the scenario holds for the whole job."""
 
+    def cool_down(self, seconds: float) -> None:
+        """Idle before a window (``measurement.cooldown_s``), less the wait for the energy
+        counters' refreshes at its start edge (the previous window's), which is idle too: the
+        GPU still rests at least ``seconds`` before the edge, and the job waits once, not twice.
+        """
+        with during(JobPhase.COOLDOWN):
+            self.sleep(max(0.0, seconds - self._align_s))
+
     def measured(self, step, min_iters: int, synchronize) -> dict:
         """The window rule (:func:`energysweep.measure.window.measure_window`) on this rank."""
         w = measure_window(
@@ -113,6 +125,9 @@ class Scenario(ABC):
             processes=self.monitor.processes,
         )
         self.window_ns_total += w["end"] - w["start"]
+        # The shortest wait so far: the next one is at least as long (two refreshes).
+        self._align_s = w["align_s"] if self._aligned is None else min(self._aligned, w["align_s"])
+        self._aligned = self._align_s
         return w
 
     def warm_up_until_steady(self, bs: int, step, synchronize, min_iterations: int) -> None:
@@ -134,12 +149,14 @@ class Scenario(ABC):
         cooldown_s = float(self.m.cooldown_s)
         windows: list[list[dict]] = []
         error = None
+        phase = switch(JobPhase.OTHER)  # job.json timing.phases_s; restored however it ends
         try:
             layout = (self.ctx.layout.tp, self.ctx.layout.pp, self.ctx.layout.dp)
             faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
             self.check_settings(bs)
             t_prepare = time.monotonic()
-            self.prepare(bs)
+            with during(JobPhase.WARMUP):  # batches, warm-up (training: its model, a LOAD)
+                self.prepare(bs)
             if self.ctx.rank == 0:
                 took = time.monotonic() - t_prepare
                 progress.say(
@@ -160,6 +177,7 @@ class Scenario(ABC):
             error = self.point_error(exc, is_oom(exc))
         finally:
             self.end_point()
+            switch(phase)
         return self.agree_on_failure(error, bs, windows)
 
     def check_settings(self, bs: int) -> None:

@@ -86,11 +86,11 @@ class InferenceScenario(Scenario):
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
         batches = self._point_batches
         record: list | None = [] if rep == 0 else None
-        self.sleep(cooldown_s)
+        self.cool_down(cooldown_s)
         w = self.window(batches, self.wl.output_tokens, record)
         rows = self._rows(bs, rep, Phase.GENERATE, w)
         if self.m.prefill_pass:
-            self.sleep(cooldown_s)
+            self.cool_down(cooldown_s)
             rows += self._rows(bs, rep, Phase.PREFILL, self.window(batches, 1))
         if record:
             self.generations += [

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from energysweep import dist
 from energysweep.job.sections import Training
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.phase_clock import during
 from energysweep.scenarios.accelerate_world import audit_accelerator, make_accelerator
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.train_data import load_samples
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from energysweep.scenarios.trainers import AccelerateTrainer, MeshTrainer
-from energysweep.tables.phases import Phase
+from energysweep.tables.phases import JobPhase, Phase
 
 
 def training_config(job: LaunchedJob) -> Training:
@@ -103,14 +104,15 @@ class TrainingScenario(Scenario):
         self.last_step_losses = []
         if self.samples is None:
             raise RuntimeError("the training scenario was closed")
-        trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
+        with during(JobPhase.LOAD):  # a trainable copy of the model per point
+            trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
         self.trainer = trainer
         self.warm_up_until_steady(bs, lambda _: trainer.step(), self._sync, self.cfg.warmup_steps)
         if self.cfg.warmup_steps:
             trainer.take_losses()
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
-        self.sleep(cooldown_s)
+        self.cool_down(cooldown_s)
         w = self.train_window(self.trainer, bs)
         self.last_step_losses.append(w["step_losses"])
         return [{**r, "loss": w["loss"]} for r in self._rows(bs, rep, Phase.TRAIN, w)]

@@ -16,7 +16,9 @@ backend's environment, decided here and nowhere else:
 :func:`check` runs when the workflow loads, before any job is submitted: a missing interpreter or
 one where the engine does not import is a :class:`ConfigError`-style problem naming the backend,
 the key and the fix. It imports the engine in a subprocess of that interpreter (never in
-Snakemake's process), bounded by a timeout and cached per workflow run.
+Snakemake's process), bounded by a timeout and cached per workflow run and, for an environment
+built from a lock, inside that environment (keyed by the lock's hash), so a clean run does not
+import it again.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ LOAD_GENERATOR_MODULE = "vllm.benchmarks.serve"
 PROBE_TIMEOUT_S = 300  # importing vLLM (torch, transformers, triton) takes 5-30 s on 2 busy cores
 # Probe results that succeeded, per workflow run directory (see _cache_key).
 CACHE_FILE = Path(".snakemake") / "energysweep" / "environments.json"
+# ... and inside the environment itself where `make` built it from a lock (its
+# energysweep-env.json names the lock's sha256): a clean run (`make clean`, a fresh checkout
+# sharing the environment) does not import the engine again (see _env_cache).
+ENV_RECORD = "energysweep-env.json"
+ENV_CACHE = "energysweep-checks.json"
 _memo: dict[str, dict] = {}
 
 
@@ -94,6 +101,32 @@ def _cache_key(python: str, module: str) -> str:
     return json.dumps([python, module, os.environ.get("PYTHONPATH", ""), stamps])
 
 
+def _env_cache(python: str, module: str) -> tuple[Path, str] | None:
+    """(the cache file inside ``python``'s environment, the key of ``module`` in it), or None
+    where the environment was not built from a lock (no energysweep-env.json).
+
+    The key is the lock's sha256 with the site-packages state and PYTHONPATH of
+    :func:`_cache_key`: a rebuilt environment, or a package installed by hand, is probed again.
+    """
+    prefix = Path(python).parent.parent
+    try:
+        lock = json.loads((prefix / ENV_RECORD).read_text())["lock_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    stamps = [f"{d.name}:{d.stat().st_mtime_ns}" for d in _site_dirs(python)]
+    key = json.dumps([module, lock, os.environ.get("PYTHONPATH", ""), stamps])
+    return prefix / ENV_CACHE, key
+
+
+def _remember(cache_file: Path, key: str, result: dict) -> None:
+    try:
+        cache = _read_cache(cache_file)
+        cache[key] = result
+        write_json_atomic(cache, cache_file)
+    except OSError:  # a read-only directory only costs the next run a probe
+        pass
+
+
 def _read_cache(cache_file: Path) -> dict:
     try:
         return json.loads(cache_file.read_text())
@@ -109,14 +142,19 @@ def probe(
 ) -> dict:
     """Import ``module`` with ``python`` in a subprocess; ``{"ok", "version", "detail"}``.
 
-    Successes are cached in memory and in ``cache_file`` (keyed by the interpreter, its
-    site-packages state and PYTHONPATH); failures are always probed again.
+    Successes are cached in memory, in ``cache_file`` (keyed by the interpreter, its
+    site-packages state and PYTHONPATH) and inside the environment where it was built from a
+    lock (:func:`_env_cache`); failures are always probed again.
     """
     key = _cache_key(python, module)
     if key in _memo:
         return _memo[key]
-    if cache_file is not None:
-        hit = _read_cache(cache_file).get(key)
+    kept = [(cache_file, key)] if cache_file is not None else []
+    in_env = _env_cache(python, module)
+    if in_env is not None:
+        kept.append(in_env)
+    for file, file_key in kept:
+        hit = _read_cache(file).get(file_key)
         if hit:
             _memo[key] = hit
             return hit
@@ -152,13 +190,8 @@ def probe(
         "detail": "",
     }
     _memo[key] = result
-    if cache_file is not None:
-        try:
-            cache = _read_cache(cache_file)
-            cache[key] = result
-            write_json_atomic(cache, cache_file)
-        except OSError:  # a read-only working directory only costs the next run a probe
-            pass
+    for file, file_key in kept:
+        _remember(file, file_key, result)
     return result
 
 

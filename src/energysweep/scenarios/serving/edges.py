@@ -27,6 +27,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from energysweep.energy import wall_ns
+from energysweep.measure.phase_clock import switch
+from energysweep.tables.phases import JobPhase
 
 
 class WindowEdges:
@@ -58,6 +60,7 @@ class WindowEdges:
 
     def open(self, mark) -> dict:
         m = self.m
+        switch(JobPhase.EDGES)  # job.json timing.phases_s: ramp, edges, window, edges, drain
         settings = m.settings.read()
         processes = m.processes.read()  # who else computes on the GPUs (the gpu_shared check)
         m.node.begin()
@@ -65,6 +68,7 @@ class WindowEdges:
         m.energy.begin()
         mark()
         start = wall_ns()
+        switch(JobPhase.WINDOW)
         counters = self._counters_now()
         m.host.begin()
         self.server_cpu.begin()
@@ -81,9 +85,10 @@ class WindowEdges:
         host = m.host.end()
         mark()
         end = wall_ns()
+        switch(JobPhase.EDGES)
         counters = self._counters_now()
         readings = m.energy.end()  # waits for the counters' next refreshes, after the edge
-        return {
+        closed = {
             "wall_ns": end,
             "readings": readings,
             "host": host,
@@ -93,6 +98,8 @@ class WindowEdges:
             "processes": m.processes.read(),
             "node": m.node.end(),
         }
+        switch(JobPhase.DRAIN)
+        return closed
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure.phase_clock import switch
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.serving.client import (
     RunningServer,
@@ -50,7 +51,7 @@ from energysweep.scenarios.serving.probes import (
 )
 from energysweep.scenarios.serving.stats import request_phase, window_stats
 from energysweep.tables import requests
-from energysweep.tables.phases import Phase
+from energysweep.tables.phases import JobPhase, Phase
 from energysweep.util.http import http_get
 
 
@@ -119,7 +120,7 @@ class ServingScenario(Scenario):
     def repetition(self, cap: int, rep: int, cooldown_s: float) -> list[dict]:
         rows = []
         for point in self.loads:
-            self.sleep(cooldown_s)
+            self.cool_down(cooldown_s)
             rows += self.measure_load(cap, rep, point)
         return rows
 
@@ -234,12 +235,15 @@ class ServingScenario(Scenario):
 
         queue = QueueSamples()
         edges = WindowEdges(self.monitor, self.server_cpu, read_counters)
+        # job.json timing.phases_s: the edges move on to the window, then to the drain.
+        previous = switch(JobPhase.RAMP)
         try:
             run = asyncio.run(self._load(point, cap, edges, queue, wanted))
         finally:
             edges.shutdown()
         self.live.check()
         settle_s = self._settle(read_counters)
+        switch(previous)  # (after an exception, the point loop puts its phase back)
         if run.open_s is None or run.close_s is None:
             raise RuntimeError(f"load {point.key} at batch cap {cap}: no steady-state window")
         self.window_ns_total += run.closed["wall_ns"] - run.opened["wall_ns"]

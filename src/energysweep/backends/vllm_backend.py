@@ -214,7 +214,7 @@ class VllmBackend(EngineBackend):
     def __init__(self, ctx, job: LaunchedJob):
         super().__init__(ctx, job)
         on_gpu = ctx.device.startswith("cuda")
-        eager_on_cpu(on_gpu, bool(job.engine.enforce_eager))
+        eager_on_cpu(on_gpu, bool(job.engine is not None and job.engine.enforce_eager))
         t0 = time.perf_counter()
         import vllm
         from vllm import LLM, SamplingParams

@@ -8,8 +8,8 @@
 - :class:`QueueSamples`: /metrics gauges sampled during a load run (requests running in the
   engine, requests waiting in its queue), summarised over a window.
 
-Which series a backend's server exports is data (:data:`METRICS`); a backend with none records
-its queue columns as unavailable.
+Which series a backend's server exports is its registry record's (energysweep.job.backends
+``server_metrics``); a backend with none records its queue columns as unavailable.
 """
 
 from __future__ import annotations
@@ -19,19 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from energysweep.energy.base import EnergySource
+from energysweep.job.backends import backend
 
-# Per backend: the /metrics series of (requests running, requests waiting, queue-time histogram
-# sum, its count). vLLM 0.32.0's names; trtllm-serve's /metrics is JSON iteration statistics,
-# which is not parsed (queue columns unavailable).
-METRICS: dict[str, dict[str, str] | None] = {
-    "vllm": {
-        "running": "vllm:num_requests_running",
-        "waiting": "vllm:num_requests_waiting",
-        "queue_time_sum": "vllm:request_queue_time_seconds_sum",
-        "queue_time_count": "vllm:request_queue_time_seconds_count",
-    },
-    "tensorrt-llm": None,
-}
+
+def metrics_names(backend_name: str) -> dict[str, str] | None:
+    """``{key: series}`` of the backend's /metrics (its registry record's ``server_metrics``:
+    running, waiting, queue-time sum and count); None where its server's are not parsed."""
+    return backend(backend_name).metrics_names()
 
 
 def _ticks(pid: int) -> int | None:

@@ -14,7 +14,7 @@ from test_examples_dryrun import measure_jobs, snakemake
 from energysweep.job.backends import BACKENDS
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.sections import Engine
-from energysweep.launch.server import ServerOptions, server_argv
+from energysweep.launch.server import ServerOptions, server_argv, server_env
 from energysweep.scenarios.serving.probes import metrics_names
 from energysweep.sweep.grid import engine_unsupported
 
@@ -47,6 +47,8 @@ def test_launch_scenarios_and_sweep_read_the_standin_from_its_record(standin):
         "/env/bin/python", "-m", "standin.engine", "--model", "/m", "--name", "es-x",
         "--port", "31000", "--tp", "1", "--dp", "2", "--batch", "4", "--eager",
     ]  # fmt: skip
+    env = server_env(o, {"STANDIN_OFFLINE": "1", "X": "2"}, None)
+    assert env == {"X": "2", "STANDIN_KV_GIB": "1"}
     assert metrics_names("standin") == {"running": "standin_running", "waiting": "standin_waiting"}
     assert engine_unsupported("standin", ParallelLayout(2, 1, 1), ENGINE, True, "serving") == [
         "standin cannot split a layer on CPUs (tp=2); set parallel.tp: [1]"

@@ -33,6 +33,8 @@ STANDIN = register_backend(
             "{max_num_seqs}",
         ),  # fmt: skip
         server_argv_if=(("enforce_eager", ("--eager",)),),
+        server_env_drop=("STANDIN_OFFLINE",),
+        server_env=(("on_cpu", "STANDIN_KV_GIB", "{cpu_kvcache_gib}"),),
         server_metrics=(("running", "standin_running"), ("waiting", "standin_waiting")),
         unsupported=(
             Unsupported(

@@ -46,6 +46,11 @@ SERVER_ARGV_FIELDS = frozenset(
 )  # fmt: skip
 # The conditions of the optional argv tokens (:attr:`BackendInfo.server_argv_if`).
 SERVER_ARGV_CONDITIONS = frozenset({"enforce_eager", "on_gpu"})
+# The conditions of a server's environment variables (:attr:`BackendInfo.server_env`), and the
+# placeholders their values may name (``engine_port``: the job's block of the engine's internal
+# ports; ``cpu_bind``: one core list per worker, energysweep.launch.server.cpu_bind).
+SERVER_ENV_CONDITIONS = frozenset({"always", "on_cpu", "on_gpu", "engine_port"})
+SERVER_ENV_FIELDS = frozenset({"engine_port", "cpu_kvcache_gib", "cpu_bind"})
 # The /metrics series a serving window reads (:attr:`BackendInfo.server_metrics`): requests running
 # in the engine, requests waiting in its queue, the queue-time histogram's sum and count.
 SERVER_METRICS_KEYS = frozenset({"running", "waiting", "queue_time_sum", "queue_time_count"})
@@ -87,6 +92,9 @@ class BackendInfo:
         server_argv_if: tokens appended when a condition (SERVER_ARGV_CONDITIONS) holds.
         server_metrics: ``(key, series)`` of its server's Prometheus /metrics (keys from
             SERVER_METRICS_KEYS); empty: none parsed, the queue columns are unavailable.
+        server_env_drop: variables of the job's environment its server must not inherit.
+        server_env: ``(condition, name, value)`` set in its server's environment where the
+            condition (SERVER_ENV_CONDITIONS) holds; the value names SERVER_ENV_FIELDS.
         unsupported: the layouts it cannot run, each with its reason.
         multi_node_serving: what one server of it spanning several nodes would need (the reason
             of a skipped multi-node serving point).
@@ -108,6 +116,8 @@ class BackendInfo:
     server_argv: tuple[str, ...] = ()
     server_argv_if: tuple[tuple[str, tuple[str, ...]], ...] = ()
     server_metrics: tuple[tuple[str, str], ...] = ()
+    server_env_drop: tuple[str, ...] = ()
+    server_env: tuple[tuple[str, str, str], ...] = ()
     unsupported: tuple[Unsupported, ...] = ()
     multi_node_serving: str = "an engine server"
     line_style: str = "-."
@@ -200,6 +210,15 @@ BACKENDS: dict[str, BackendInfo] = {
             server_argv_if=(
                 ("enforce_eager", ("--enforce-eager",)),
                 ("on_gpu", ("--gpu-memory-utilization", "{gpu_memory_utilization}")),
+            ),
+            # Offline ranks run the engine in-process (external_launcher); a server runs vLLM's
+            # own multiprocess engine, as deployed. On CPU each worker is bound to its own slice
+            # of the job's cores (the CPU build cannot bind tp/pp/dp workers on one NUMA node).
+            server_env_drop=("VLLM_ENABLE_V1_MULTIPROCESSING",),
+            server_env=(
+                ("engine_port", "VLLM_PORT", "{engine_port}"),
+                ("on_cpu", "VLLM_CPU_KVCACHE_SPACE", "{cpu_kvcache_gib}"),
+                ("on_cpu", "VLLM_CPU_OMP_THREADS_BIND", "{cpu_bind}"),
             ),
             server_metrics=(
                 ("running", "vllm:num_requests_running"),
@@ -302,6 +321,12 @@ def check_backend(info: BackendInfo) -> None:
     if fields - SERVER_ARGV_FIELDS:
         bad.append(f"server_argv placeholders {sorted(fields - SERVER_ARGV_FIELDS)} (known: "
                    f"{sorted(SERVER_ARGV_FIELDS)})")  # fmt: skip
+    env_fields = {f for _, _, v in info.server_env for _, f, _, _ in string.Formatter().parse(v)}
+    if {c for c, _, _ in info.server_env} - SERVER_ENV_CONDITIONS or (
+        env_fields - {None} - SERVER_ENV_FIELDS
+    ):
+        bad.append(f"server_env conditions or placeholders (known: {sorted(SERVER_ENV_CONDITIONS)}"
+                   f", {sorted(SERVER_ENV_FIELDS)})")  # fmt: skip
     if {k for k, _ in info.server_metrics} - SERVER_METRICS_KEYS:
         bad.append(f"server_metrics keys (known: {sorted(SERVER_METRICS_KEYS)})")
     for u in info.unsupported:

@@ -105,19 +105,21 @@ def cpu_bind(workers: int, cpus: list[int]) -> str:
 
 
 def server_env(o: ServerOptions, base: dict, vllm_port: int | None) -> dict:
-    """The server's environment: the job's (its mark included), plus the engine's settings."""
-    env = dict(base)
-    if o.backend == "vllm":
-        # Offline ranks run the engine in-process (external_launcher); a server runs vLLM's own
-        # multiprocess engine, as deployed.
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        if vllm_port is not None:
-            env["VLLM_PORT"] = str(vllm_port)
-        if not o.on_gpu:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(o.engine.cpu_kvcache_gib))
-            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(
-                o.layout.world_size, sorted(os.sched_getaffinity(0))
-            )
+    """The server's environment: the job's (its mark included) less the backend's
+    ``server_env_drop``, plus its ``server_env`` variables whose condition holds (its registry
+    record, energysweep.job.backends)."""
+    info = backend(o.backend)
+    env = {k: v for k, v in base.items() if k not in info.server_env_drop}
+    holds = {"always": True, "on_cpu": not o.on_gpu, "on_gpu": o.on_gpu,
+             "engine_port": vllm_port is not None}  # fmt: skip
+    wanted = [(name, value) for cond, name, value in info.server_env if holds[cond]]
+    if wanted:
+        values = {
+            "engine_port": str(vllm_port),
+            "cpu_kvcache_gib": str(int(o.engine.cpu_kvcache_gib)),
+            "cpu_bind": cpu_bind(o.layout.world_size, sorted(os.sched_getaffinity(0))),
+        }
+        env.update({name: value.format_map(values) for name, value in wanted})
     return env
 
 

@@ -92,6 +92,8 @@ class BackendInfo:
         server_argv_if: tokens appended when a condition (SERVER_ARGV_CONDITIONS) holds.
         server_metrics: ``(key, series)`` of its server's Prometheus /metrics (keys from
             SERVER_METRICS_KEYS); empty: none parsed, the queue columns are unavailable.
+        rank_env: ``(name, value)`` set in its ranks' environment (the job's processes under
+            the launcher); the value names SERVER_ENV_FIELDS but ``cpu_bind``.
         server_env_drop: variables of the job's environment its server must not inherit.
         server_env: ``(condition, name, value)`` set in its server's environment where the
             condition (SERVER_ENV_CONDITIONS) holds; the value names SERVER_ENV_FIELDS.
@@ -116,6 +118,7 @@ class BackendInfo:
     server_argv: tuple[str, ...] = ()
     server_argv_if: tuple[tuple[str, tuple[str, ...]], ...] = ()
     server_metrics: tuple[tuple[str, str], ...] = ()
+    rank_env: tuple[tuple[str, str], ...] = ()
     server_env_drop: tuple[str, ...] = ()
     server_env: tuple[tuple[str, str, str], ...] = ()
     unsupported: tuple[Unsupported, ...] = ()
@@ -210,6 +213,18 @@ BACKENDS: dict[str, BackendInfo] = {
             server_argv_if=(
                 ("enforce_eager", ("--enforce-eager",)),
                 ("on_gpu", ("--gpu-memory-utilization", "{gpu_memory_utilization}")),
+            ),
+            rank_env=(
+                ("VLLM_PORT", "{engine_port}"),
+                # external_launcher runs the engine core inside each rank (vLLM sets this itself
+                # for that executor; set here so the job's environment record says so).
+                ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+                # KV cache of a rank on CPUs, in GiB (read by vLLM's CPU platform only). Unset,
+                # the CPU build reserves gpu_memory_utilization x host RAM per rank: OOM at tp=2.
+                ("VLLM_CPU_KVCACHE_SPACE", "{cpu_kvcache_gib}"),
+                # vLLM binds OpenMP threads only in its own multiprocessing executor; under
+                # external_launcher each rank uses OMP_NUM_THREADS (build_env), so say so.
+                ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
             ),
             # Offline ranks run the engine in-process (external_launcher); a server runs vLLM's
             # own multiprocess engine, as deployed. On CPU each worker is bound to its own slice
@@ -321,7 +336,8 @@ def check_backend(info: BackendInfo) -> None:
     if fields - SERVER_ARGV_FIELDS:
         bad.append(f"server_argv placeholders {sorted(fields - SERVER_ARGV_FIELDS)} (known: "
                    f"{sorted(SERVER_ARGV_FIELDS)})")  # fmt: skip
-    env_fields = {f for _, _, v in info.server_env for _, f, _, _ in string.Formatter().parse(v)}
+    env_values = [v for _, _, v in info.server_env] + [v for _, v in info.rank_env]
+    env_fields = {f for v in env_values for _, f, _, _ in string.Formatter().parse(v)}
     if {c for c, _, _ in info.server_env} - SERVER_ENV_CONDITIONS or (
         env_fields - {None} - SERVER_ENV_FIELDS
     ):

@@ -92,6 +92,8 @@ class BackendInfo:
         server_argv_if: tokens appended when a condition (SERVER_ARGV_CONDITIONS) holds.
         server_metrics: ``(key, series)`` of its server's Prometheus /metrics (keys from
             SERVER_METRICS_KEYS); empty: none parsed, the queue columns are unavailable.
+        mpi_launcher: under launch mode "mpi", the script (beside its Python) that every MPI
+            rank runs: rank 0 runs our entry point, the others serve as the engine's workers.
         rank_env: ``(name, value)`` set in its ranks' environment (the job's processes under
             the launcher); the value names SERVER_ENV_FIELDS but ``cpu_bind``.
         server_env_drop: variables of the job's environment its server must not inherit.
@@ -118,6 +120,7 @@ class BackendInfo:
     server_argv: tuple[str, ...] = ()
     server_argv_if: tuple[tuple[str, tuple[str, ...]], ...] = ()
     server_metrics: tuple[tuple[str, str], ...] = ()
+    mpi_launcher: str = ""
     rank_env: tuple[tuple[str, str], ...] = ()
     server_env_drop: tuple[str, ...] = ()
     server_env: tuple[tuple[str, str, str], ...] = ()
@@ -271,6 +274,7 @@ BACKENDS: dict[str, BackendInfo] = {
             scenarios=frozenset({"inference", SERVING}),
             launch="direct",
             launch_multi_node="mpi",
+            mpi_launcher="trtllm-llmapi-launch",
             needs_gpu=True,
             module="tensorrt_llm",
             install_hint=(
@@ -343,6 +347,8 @@ def check_backend(info: BackendInfo) -> None:
     ):
         bad.append(f"server_env conditions or placeholders (known: {sorted(SERVER_ENV_CONDITIONS)}"
                    f", {sorted(SERVER_ENV_FIELDS)})")  # fmt: skip
+    if "mpi" in (info.launch, info.launch_multi_node) and not info.mpi_launcher:
+        bad.append("launch mode 'mpi' without an mpi_launcher")
     if {k for k, _ in info.server_metrics} - SERVER_METRICS_KEYS:
         bad.append(f"server_metrics keys (known: {sorted(SERVER_METRICS_KEYS)})")
     for u in info.unsupported:

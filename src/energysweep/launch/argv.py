@@ -126,7 +126,8 @@ def build_argv(
 
 
 def _mpi_argv(placement: Placement, python: str, entry: list[str]) -> list[str]:
-    """``srun --mpi=pmix ... trtllm-llmapi-launch python -m energysweep.run`` (MPI ranks: tp*pp)."""
+    """``srun --mpi=pmix ... <launcher> python -m energysweep.run`` (MPI ranks: tp*pp), the
+    launcher the backend's record names (``mpi_launcher``: TensorRT-LLM's trtllm-llmapi-launch)."""
     layout, nodes = placement.layout, placement.nodes
     if placement.unsupported():
         raise ValueError(
@@ -134,7 +135,7 @@ def _mpi_argv(placement: Placement, python: str, entry: list[str]) -> list[str]:
         )
     # The launcher script of the same environment as the interpreter: rank 0 runs our
     # entry point, the other MPI ranks serve as the engine's workers.
-    launcher = str(Path(python).with_name("trtllm-llmapi-launch"))
+    launcher = str(Path(python).with_name(BACKENDS[placement.backend].mpi_launcher))
     return [
         "srun", "--mpi=pmix", "--nodes", str(nodes),
         "--ntasks-per-node", str(layout.ranks_per_replica // nodes), "--kill-on-bad-exit=1",

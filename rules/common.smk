@@ -1,6 +1,7 @@
 # Grid construction and input functions. The grid logic itself lives in energysweep.sweep.grid
 # (config, grid) and energysweep.job (placement, spec); this file only turns it into Snakemake
 # patterns.
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from energysweep.sweep import gpu_axes
 from energysweep.util.version import code_version
 from energysweep.job.backends import BACKENDS
 from energysweep.job.spec import JobDir, JobKey, JobSpec
+from energysweep.launch import gpu_claims
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.
@@ -36,6 +38,16 @@ es_config.check(
 )
 
 GRID = es_config.build_grid(config, Path.cwd())
+# A local run starts no more GPU work at once than this node has GPUs (each job also claims its
+# own: energysweep.launch.gpu_claims); `--resources gpu=N` overrides it. Slurm allocates.
+if (
+    workflow.local_exec
+    and "gpu" not in workflow.global_resources
+    and not os.environ.get("SLURM_JOB_ID")
+):
+    NODE_GPUS = gpu_claims.node_gpu_count(config["measurement"])
+    if NODE_GPUS:
+        workflow.register_resource("gpu", NODE_GPUS)
 # A layout asking one node for more CPUs/memory than it has would wait for ever: refuse it now.
 es_config.check_node_fit(config, GRID)
 # The whole config's hash (results/config.yaml `sweep_hash`); each job's own is its

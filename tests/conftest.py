@@ -5,9 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# This session's own GPU claims and emulated process list (energysweep.launch.gpu_claims,
+# hw/emulated/processes.py), for it and every process it starts: another test session on the
+# machine claims the same emulated GPUs (they are named by host and index).
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="energysweep-tests-"))
+os.environ.setdefault("ENERGYSWEEP_GPU_CLAIMS_DIR", str(SESSION_DIR / "gpu-claims"))
+os.environ.setdefault("ENERGYSWEEP_EMULATED_PROCESSES_DIR", str(SESSION_DIR / "emulated-processes"))
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))

@@ -59,6 +59,8 @@ FAKED = [
     "nvmlDeviceGetSupportedGraphicsClocks",
     "nvmlDeviceSetApplicationsClocks",
     "nvmlDeviceResetApplicationsClocks",
+    # Who computes on a GPU (the gpu_shared check at every window's edges).
+    "nvmlDeviceGetComputeRunningProcesses",
 ]
 
 # H100 SXM figures (energy reference, "Emulating a GPU node"): power limit range and clocks.
@@ -94,6 +96,9 @@ class FakeGpu:
     refuse: dict = field(default_factory=dict)
     # Another cap below the set limit (e.g. a thermal or system cap): the enforced limit.
     external_cap_mw: int | None = None
+    # Processes with a compute context on the GPU (pids), as nvmlDeviceGetComputeRunningProcesses
+    # lists them; None: the call is not supported (NVML_ERROR_NOT_SUPPORTED).
+    compute_pids: list | None = field(default_factory=list)
 
 
 def _handle(index: int):
@@ -263,7 +268,20 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         info.busId = gpu(handle).pci_bus_id
         return info
 
+    def nvmlDeviceGetComputeRunningProcesses(handle):
+        g = gpu(handle)
+        if g.compute_pids is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        out = []
+        for pid in g.compute_pids:
+            info = real.c_nvmlProcessInfo_t()  # the real structure, as the binding converts it
+            info.pid, info.usedGpuMemory = pid, 2**30
+            info.gpuInstanceId = info.computeInstanceId = 0xFFFFFFFF
+            out.append(real.nvmlStructToFriendlyObject(info))
+        return out
+
     funcs = {
+        "nvmlDeviceGetComputeRunningProcesses": nvmlDeviceGetComputeRunningProcesses,
         "nvmlInit": nvmlInit,
         "nvmlShutdown": nvmlShutdown,
         "nvmlDeviceGetCount": nvmlDeviceGetCount,

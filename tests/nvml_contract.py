@@ -125,9 +125,20 @@ class StubDriver:
     answer the size query with INSUFFICIENT_SIZE and then two entries, as the library does."""
 
     LISTS = {"nvmlDeviceGetSupportedMemoryClocks", "nvmlDeviceGetSupportedGraphicsClocks"}
+    # Lists of process structures (the real binding turns each into a friendly object).
+    PROCESS_LISTS = {"nvmlDeviceGetComputeRunningProcesses_v3"}
 
     def __getattr__(self, name):
         def fn(*args):
+            if name in self.PROCESS_LISTS:
+                count = next(a._obj for a in args if type(a).__name__ == "CArgObject")
+                if args[-1] is None:
+                    count.value = 2
+                    return real.NVML_ERROR_INSUFFICIENT_SIZE
+                for i, pid in enumerate((4242, 4343)):
+                    args[-1][i].pid, args[-1][i].usedGpuMemory = pid, 2**30
+                count.value = 2
+                return real.NVML_SUCCESS
             if name in self.LISTS:
                 count = next(a._obj for a in args if type(a).__name__ == "CArgObject")
                 if args[-1] is None:
@@ -160,4 +171,16 @@ def real_results(monkeypatch) -> dict[str, object]:
     for name, args in CALLS.items():
         fn = getattr(real, name)
         out[name] = fn() if args is None else fn(handle, *args)
+    out[PROCESSES] = real.nvmlDeviceGetComputeRunningProcesses(handle)
     return out
+
+
+# The process list: checked apart from CALLS (a stand-in lists a process only where one runs).
+PROCESSES = "nvmlDeviceGetComputeRunningProcesses"
+
+
+def process_shape(value) -> tuple:
+    """What the contract compares of a process list: entry type and its fields' types."""
+    first = value[0]
+    fields = ("pid", "usedGpuMemory", "gpuInstanceId", "computeInstanceId")
+    return type(first).__name__, tuple((f, type(getattr(first, f)).__name__) for f in fields)

@@ -20,6 +20,7 @@ from energysweep.aggregate import (
     load_job_records,
     merge,
     nulls,
+    overlap,
     summarize,
     windows,
 )
@@ -43,6 +44,18 @@ INFO_COLUMNS = nulls.INFO_COLUMNS | gpu_setting.INFO_COLUMNS | verdict.INFO_COLU
 def unexplained_nulls(summary: pd.DataFrame) -> list[str]:
     """``column[row]`` for every null in a published summary that no status column explains."""
     return nulls.unexplained_nulls(summary, NULL_STATUS, INFO_COLUMNS)
+
+
+def _verdict(summary: pd.DataFrame, table: pa.Table, jobs: list, validity_config: dict | None):
+    """The verdict, re-check and stages over the merged rows (energysweep.validity.verdict),
+    with the windows of different jobs found on one GPU at once (aggregate.overlap)."""
+    return verdict.evaluate(
+        summary,
+        table.select(verdict.ROW_COLUMNS).to_pandas(),
+        jobs,
+        verdict.Thresholds.from_config(validity_config),
+        overlap.shared_windows(table.select(overlap.ROW_COLUMNS).to_pandas()),
+    )
 
 
 def aggregate(
@@ -99,12 +112,7 @@ def aggregate(
         summary = pd.concat([summary, setting, rungs], axis=1)
     validation = stages = None
     if validation_out is not None or stages_out is not None:
-        summary, validation, stages = verdict.evaluate(
-            summary,
-            table.select(verdict.ROW_COLUMNS).to_pandas(),
-            jobs or [],
-            verdict.Thresholds.from_config(validity_config),
-        )
+        summary, validation, stages = _verdict(summary, table, jobs or [], validity_config)
     # (output path, writer of a temp file beside it), in publishing order.
     files: list[tuple[Path, Callable[[str], object]]] = [
         (Path(summary_out), lambda tmp: summary.to_csv(tmp, index=False)),

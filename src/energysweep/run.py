@@ -3,8 +3,9 @@
 Flow on every rank: load the launched job (:class:`energysweep.job.spec.LaunchedJob`, typed; read
 by attribute, never indexed), check the world against its placement, start the process group,
 audit the processes, load the backend once. Then the :class:`energysweep.measure.monitor.JobMonitor`
-snapshots the environment, starts the power sampler and measures the idle baseline, and the job's
-scenario (:mod:`energysweep.scenarios`), for each batch size, warms up and measures
+snapshots the environment and starts the power sampler, and the job's scenario
+(:mod:`energysweep.scenarios`), for each batch size, warms up (the first time, then the idle
+baseline once the GPUs settled: ``JobMonitor.ensure_idle``) and measures
 ``repetitions`` windows (window rule: :mod:`energysweep.measure.window`); rank 0 combines the
 ranks' rows of each window (:func:`energysweep.aggregate.windows.combine_ranks`) and writes one
 shard per repetition, and at the end all of them again as the job table (one file, what the
@@ -137,8 +138,8 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
 
 
 def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
-    """The serving client: its first server is up before the idle baseline (the engine loaded
-    and idle, as the other scenarios measure it with the model loaded)."""
+    """The serving client: its first server is up and warmed up before the idle baseline (the
+    engine loaded and idle, as the other scenarios measure it with the model loaded)."""
     from functools import partial
 
     from energysweep.launch.server import server_for_job
@@ -241,9 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "rank0_wall_s": wall_s,
                 "model_load_s": load_s,
-                "idle_baseline_s": monitor.idle_window_s,
-                "idle_start_ns": monitor.idle_ns[0],
-                "idle_end_ns": monitor.idle_ns[1],
+                **monitor.idle_timing(),
                 "window_s": window_ns[0] / 1e9,
                 "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
                 "backend_startup": startups if any(startups) else None,

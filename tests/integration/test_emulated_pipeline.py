@@ -56,19 +56,17 @@ def test_energy_per_window_matches_the_ground_truth(emulated_run):
 
 @pytest.mark.timeout(900)
 def test_each_rank_measured_its_own_gpu(emulated_run):
-    """NVML index, UUID and PCI bus id as on a real node: rank r owns CUDA device r, i.e. the
-    node's GPU r (no CUDA_VISIBLE_DEVICES outside Slurm), one distinct GPU per rank."""
+    """NVML index, UUID and PCI bus id as on a real node: rank r owns CUDA device r of the
+    GPUs its job claimed (CUDA_VISIBLE_DEVICES, energysweep.launch.gpu_claims), one distinct
+    GPU per rank."""
     wf, _ = emulated_run
     e = pd.read_parquet(wf / "results" / "energy.parquet")
     for _, job in e.groupby("job_id"):
         assert job["gpu_uuid"].nunique() == job["world_size"].iloc[0]
         for r in job.itertuples():
-            ident = identity(r.host, r.local_rank)
-            assert (r.gpu_uuid, r.gpu_index, r.gpu_pci_bus_id) == (
-                ident.uuid,
-                r.local_rank,
-                ident.pci_bus_id,
-            )
+            ident = identity(r.host, r.gpu_index)
+            assert (r.gpu_uuid, r.gpu_pci_bus_id) == (ident.uuid, ident.pci_bus_id)
+            assert int(r.allocated_gpus.split(",")[r.local_rank]) == r.gpu_index
 
 
 @pytest.mark.timeout(900)

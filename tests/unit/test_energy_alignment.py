@@ -120,3 +120,67 @@ def test_edge_corrections_that_cancel_a_short_window_leave_no_figure(tmp_path, m
     (r,) = source.end()
     assert r.energy_mj is None, r
     assert r.status == "short-window" and "not resolved" in r.detail
+
+
+@pytest.mark.timeout(30)
+def test_a_slow_edge_read_is_retried_then_reported():
+    """Each read is bracketed by timestamps. A refresh seen through a read slower than
+    ``slow_s`` (its time uncertain by as much) is skipped for the next refresh; after
+    SLOW_RETRIES slow ones it is used, and the slow read is reported (``slowest``)."""
+    t = [0.0]
+    reads = {"n": 0, "slow": set()}  # which reads (by number) take 60 ms
+
+    def sleep(s):
+        t[0] += s
+
+    def read():
+        t0 = t[0]
+        reads["n"] += 1
+        if reads["n"] in reads["slow"] or "all" in reads["slow"]:
+            t[0] += 0.06  # the H200 took 185 ms once, under load
+        value = int((round(t[0], 6) - 0.0305) // 0.1) * 1000
+        return [(value, t0, t[0])]
+
+    # Fast reads: the refreshes at their times, nothing slow.
+    worst: list[float] = []
+    _, seen = ticks.refreshes(read, 2, lambda: t[0], sleep, timeout_s=0.5, slowest=worst)
+    assert len(seen[0]) == 2 and worst[0] < ticks.SLOW_READ_S
+    # The read that sees a refresh is slow: that refresh is skipped, the next one (read fast)
+    # is used, at its time.
+    t[0], reads["n"], reads["slow"] = 0.128, 0, {3}  # read 3 spans the refresh at 0.1305
+    worst = []
+    _, seen = ticks.refreshes(read, 1, lambda: t[0], sleep, timeout_s=0.5, slowest=worst)
+    assert seen[0][0][1] == pytest.approx(0.2305, abs=0.002) and worst[0] < ticks.SLOW_READ_S
+    # Every read slow: each refresh is skipped SLOW_RETRIES times, then used and reported.
+    reads["slow"] = {"all"}
+    worst = []
+    _, seen = ticks.refreshes(read, 1, lambda: t[0], sleep, timeout_s=2.0, slowest=worst)
+    assert len(seen[0]) == 1 and worst[0] == pytest.approx(0.06)
+
+
+def test_nvml_source_flags_a_window_whose_edge_read_was_slow(tmp_path, monkeypatch):
+    """A counter read taking 60 ms at every call (read latency of the emulated node): the
+    window's reading says so (detail, edge_read_ms), which the verdict turns into
+    edge_read_slow."""
+    job = VirtualJob(tmp_path, 1, [])
+    monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
+    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep)
+    real = hw_nvml.energy_mj
+
+    def slow(handle):
+        job.sleep(0.06)
+        return real(handle)
+
+    monkeypatch.setattr(hw_nvml, "energy_mj", slow)
+    source.prepare()
+    source.begin()
+    job.sleep(1.0)
+    (r,) = source.end()
+    assert r.energy_mj is not None and r.edge_read_ms >= 60
+    assert "slow edge read" in r.detail
+    monkeypatch.setattr(hw_nvml, "energy_mj", real)
+    source.prepare()
+    source.begin()
+    job.sleep(1.0)
+    (r,) = source.end()
+    assert r.edge_read_ms < 1e3 * ticks.SLOW_READ_S and "slow" not in r.detail

@@ -135,3 +135,33 @@ def test_calls_before_init_are_uninitialized(impl, name):
 def test_the_emulator_lacks_no_call_the_fake_has():
     """Code tested on the fake (everything energysweep and Zeus call) runs on the emulator."""
     assert set(fake_pynvml.FAKED) <= set(EMULATED)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, indirect=True)
+def test_process_list_is_the_real_shape(impl, reference, tmp_path):
+    """nvmlDeviceGetComputeRunningProcesses: a list of the real binding's objects (pid,
+    usedGpuMemory, instance ids), empty where nothing computes, listing a process that does."""
+    import os
+
+    from energysweep.hw.emulated import processes
+
+    module, _ = impl
+    registry = {processes.ENV: str(tmp_path / "procs")}
+    if hasattr(module, "emulated_driver"):
+        module.emulated_driver.environ = registry  # the node's process list, kept apart
+    module.nvmlInit()
+    handle = module.nvmlDeviceGetHandleByIndex(0)
+    assert module.nvmlDeviceGetComputeRunningProcesses(handle) == []
+    if hasattr(module, "fake_gpus"):
+        module.fake_gpus[0].compute_pids = [os.getpid()]
+    else:
+        driver = module.emulated_driver  # its node's host, and its environment's registry
+        processes.register(
+            module.nvmlDeviceGetUUID(handle),
+            os.getpid(),
+            host=driver.node.host,
+            environ=registry,
+        )
+    listed = module.nvmlDeviceGetComputeRunningProcesses(handle)
+    assert [p.pid for p in listed] == [os.getpid()]
+    assert contract.process_shape(listed) == contract.process_shape(reference[contract.PROCESSES])

@@ -15,6 +15,7 @@ from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure import monitor as monitor_mod
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
 from energysweep.scenarios.inference import InferenceScenario
@@ -162,17 +163,21 @@ def test_point_rows_prefill_cooldown_and_idle_baseline(gpu_rank):
     make, clock, gpu = gpu_rank
     measurer, backend = make()
     measurer.monitor.start(backend.synchronize)
-    assert clock.sleeps == [2.0]  # the idle baseline, before any window
+    assert clock.sleeps == []  # the idle baseline comes after the warm-up
     reps = measurer.point(4)
     assert len(reps) == 2
-    # Cooldown before every window (generate and prefill of each repetition).
-    assert clock.sleeps[1:] == [0.5] * 4
+    # The idle baseline (after the settle's polls), then a cooldown before every window
+    # (generate and prefill of each repetition).
+    assert [s for s in clock.sleeps if s >= 0.1] == [2.0] + [0.5] * 4
     rows = [r for rep in reps for r in rep]
     assert [r["phase"] for r in rows] == ["generate", "prefill"] * 2
     assert {n for _, n in backend.calls} == {16, 1}  # warm-up + generate use 16, prefill 1
     for r in rows:
         assert r["idle_gpu_power_w"] == pytest.approx(GPU_IDLE_W)
-        assert r["idle_gpu_power_status"] == "measured" and r["idle_window_s"] == 2.0
+        assert r["idle_gpu_power_status"] == "measured"
+        assert r["idle_window_s"] == pytest.approx(2.0)  # the sleep: no alignment wait in it
+        # Steady power from the start: settled after one trailing interval.
+        assert r["idle_settle_s"] == pytest.approx(monitor_mod.SETTLE_TRAILING_S, abs=0.1)
         assert r["gpu_uuid"] == gpu.uuid and r["energy_source"] == "nvml"
         assert (
             r["model_parameters"] == TINY_PARAMETERS and r["model_parameters_method"] == "counted"
@@ -346,3 +351,72 @@ def test_point_failed_on_some_ranks_or_in_a_collective_aborts_the_job(
 )
 def test_communication_failures_recognised(text, comm):
     assert dist.is_communication_failure(RuntimeError(text)) is comm
+
+
+class _AlignedSource:
+    """An energy source whose edges wait for counter refreshes, as NvmlSource's do: 0.25 s of
+    idle before the start edge and after the end edge, outside the energy it reports."""
+
+    available = True
+
+    def __init__(self, clock, gpu):
+        self.clock, self.gpu = clock, gpu
+
+    def prepare(self):
+        self.clock.advance(0.25, GPU_IDLE_W)
+
+    def begin(self):
+        self.e0 = self.gpu.energy_mj
+
+    def end(self):
+        from energysweep.energy.base import GpuReading
+
+        energy = float(self.gpu.energy_mj - self.e0)
+        self.clock.advance(0.25, GPU_IDLE_W)
+        return [GpuReading(self.gpu.uuid, 1, "pci", "name", energy, "measured", "m")]
+
+    def close(self):
+        pass
+
+
+def test_idle_power_is_the_energy_over_exactly_its_interval(gpu_rank):
+    """Issue 27: the refresh waits around the idle baseline are outside its energy, so they are
+    outside its duration too (dividing by both gave 114.9 W for 122.4 W on an H200)."""
+    make, clock, gpu = gpu_rank
+    measurer, backend = make()
+    monitor = measurer.monitor
+    monitor.energy = _AlignedSource(clock, gpu)
+    monitor.start(backend.synchronize)
+    monitor.ensure_idle()
+    power, status = monitor.idle_gpu[gpu.uuid]
+    assert status == "measured" and power == pytest.approx(GPU_IDLE_W, rel=1e-9)
+    assert monitor.idle_window_s == pytest.approx(2.0)
+
+
+class _RampClock(Clock):
+    """The GPU's power rises from 81 W to ``top_w`` over ``ramp_s`` (context and model coming
+    up: 81 W to 122 W on the H200), then stays."""
+
+    def __init__(self, gpu, ramp_s, top_w):
+        super().__init__(gpu)
+        self.ramp_s, self.top_w = ramp_s, top_w
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        watts = 81 + (self.top_w - 81) * min(1.0, self.t / self.ramp_s)
+        self.advance(seconds, watts)
+
+
+@pytest.mark.parametrize(("ramp_s", "top_w"), [(3.0, 122.0), (100.0, 1081.0)])
+def test_idle_baseline_waits_until_the_gpu_settled(gpu_rank, ramp_s, top_w):
+    make, _, gpu = gpu_rank
+    measurer, _ = make()
+    clock = _RampClock(gpu, ramp_s, top_w)
+    monitor = measurer.monitor
+    monitor.clock, monitor.sleep = clock, clock.sleep
+    waited, settled = monitor.settle()
+    if ramp_s < monitor_mod.SETTLE_MAX_S:
+        # Steady once the ramp is over and a trailing interval has passed.
+        assert settled and ramp_s <= waited <= ramp_s + monitor_mod.SETTLE_TRAILING_S + 0.1
+    else:  # still rising 10 W/s: the wait is bounded, and says so
+        assert not settled and waited == pytest.approx(monitor_mod.SETTLE_MAX_S, abs=0.01)

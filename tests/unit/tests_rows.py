@@ -72,6 +72,11 @@ def row(**over) -> dict:
         "model_parameters_method": "unavailable",
         "flops_estimate": None,
         "loss": None,
+        # schema v5 (shared GPUs, settled idle, slow edge reads)
+        "idle_settle_s": None,
+        "gpu_processes_status": "ok",
+        "gpu_processes_foreign": None,
+        "gpu_edge_read_max_ms": None,
         # schema v4 (serving): a fixed-batch row
         "load": BATCH_LOAD,
         **not_serving("inference"),

@@ -33,6 +33,9 @@ class GpuReading:
     zeus_status: str = EnergyStatus.NOT_REQUESTED
     # Which source produced the reading (the shard column energy_source).
     source: str = "none"
+    # The slowest counter read behind the window's aligned edges, ms (energy/ticks.py); None
+    # where the source reads no counter at aligned edges.
+    edge_read_ms: float | None = None
 
 
 @dataclass

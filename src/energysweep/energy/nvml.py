@@ -76,17 +76,36 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         # Per GPU (counter at its last refresh, that refresh's time or None, power in mW).
         self._anchor: list[tuple[int, float | None, float]] | None = None
         self._start_ns: int | None = None
+        # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
+        self._edge_s = [0.0] * len(self._gpus)
         self.waited_s = 0.0  # time spent waiting for refreshes (the alignment's cost)
 
     def _read(self) -> list[int]:
         return [hw_nvml.energy_mj(g["handle"]) for g in self._gpus]
 
+    def _read_bracketed(self) -> list[tuple[int, float, float]]:
+        """Each GPU's counter with the clock right before and right after its read."""
+        out = []
+        for g in self._gpus:
+            t0 = self._clock()
+            value = hw_nvml.energy_mj(g["handle"])
+            out.append((value, t0, self._clock()))
+        return out
+
     def _refreshes(self, count: int):
         t0 = self._clock()
+        slowest: list[float] = []
         first, seen = ticks.refreshes(
-            self._read, count, self._clock, self._sleep, timeout_s=ticks.TIMEOUT_S
+            self._read_bracketed,
+            count,
+            self._clock,
+            self._sleep,
+            timeout_s=ticks.TIMEOUT_S,
+            slowest=slowest,
         )
         self.waited_s += self._clock() - t0
+        # The slowest read behind an edge of this window (prepare, then end).
+        self._edge_s = [max(a, b) for a, b in zip(self._edge_s, slowest, strict=True)]
         return first, seen
 
     def prepare(self) -> None:
@@ -95,6 +114,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._anchor = self._anchors()
 
     def _anchors(self) -> list[tuple[int, float | None, float]]:
+        self._edge_s = [0.0] * len(self._gpus)  # a new window's edges
         _, seen = self._refreshes(2)
         now = self._read() if any(len(s) < 2 for s in seen) else []
         anchors: list[tuple[int, float | None, float]] = []
@@ -161,6 +181,11 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     r.status = EnergyStatus.UNAVAILABLE
                 r.detail = "; ".join(
                     filter(None, [r.detail, f"edge corrections leave {delta:.0f} mJ: not resolved"])
+                )
+            r.edge_read_ms = self._edge_s[i] * 1e3
+            if self._edge_s[i] > ticks.SLOW_READ_S:
+                r.detail = "; ".join(
+                    filter(None, [r.detail, f"slow edge read: {r.edge_read_ms:.1f} ms"])
                 )
             if i in self._unaligned:
                 r.detail = "; ".join(

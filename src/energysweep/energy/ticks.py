@@ -26,6 +26,27 @@ import time
 # stuck counter never refreshes: that window goes on unaligned and the validity checks flag it).
 POLL_S = 0.001
 TIMEOUT_S = 1.5
+# A read of the counter is bracketed by timestamps; the refresh it shows happened between the
+# previous read and it, and its time is taken halfway. A read slower than this fraction of the
+# counter period (25 ms at 100 ms; the H200 takes 2.8 ms median, 17 ms max idle, 185 ms once
+# under load) leaves that time uncertain by as much: its refresh is not used, and the next one
+# is awaited, up to SLOW_RETRIES times; then it is used and reported (the verdict's
+# edge_read_slow).
+SLOW_READ_FRACTION = 0.25
+COUNTER_PERIOD_S = 0.1
+SLOW_READ_S = SLOW_READ_FRACTION * COUNTER_PERIOD_S
+SLOW_RETRIES = 2
+
+
+def _bracketed(read, clock) -> tuple[list[int], list[float], list[float]]:
+    """Values, and each value's read start and end: ``read()`` may return (value, t0, t1) per
+    GPU (each GPU's read bracketed), or plain values (the whole call brackets each)."""
+    t0 = clock()
+    values = list(read())
+    t1 = clock()
+    if values and isinstance(values[0], tuple):
+        return [v[0] for v in values], [v[1] for v in values], [v[2] for v in values]
+    return values, [t0] * len(values), [t1] * len(values)
 
 
 def refreshes(
@@ -35,33 +56,46 @@ def refreshes(
     sleep=time.sleep,
     poll_s: float = POLL_S,
     timeout_s: float = TIMEOUT_S,
+    slow_s: float = SLOW_READ_S,
+    slowest: list[float] | None = None,
 ) -> tuple[list[int], list[list[tuple[int, float]]]]:
     """The values now, and the first ``count`` refreshes of every GPU's counter: per GPU a list
-    of (value, time), the time halfway between the last read of the old value and the first of
-    the new one (``clock()``); shorter where a counter did not refresh within ``timeout_s`` of
-    the previous one.
+    of (value, time), the time halfway between the middle of the last read of the old value and
+    the middle of the first read of the new one (``clock()``); shorter where a counter did not
+    refresh within ``timeout_s`` of the previous one.
+
+    A refresh seen through a read slower than ``slow_s`` (that read or the one before it) is
+    skipped for the next one, at most :data:`SLOW_RETRIES` times per GPU (module docstring).
 
     Args:
-        read: returns the current counter value of every GPU (one list).
+        read: returns the current counter value of every GPU (one list), each value plain or
+            as (value, read start, read end).
+        slowest: filled (per GPU) with the longest read, in s, behind a refresh it returns.
     """
-    last = list(read())
+    last, r0, r1 = _bracketed(read, clock)
     first = last
-    seen: list[list[tuple[int, float]]] = [[] for _ in last]
-    since = [clock()] * len(last)
-    before = since[0]
+    n = len(last)
+    seen: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    since = [r1[0] if n else clock()] * n
+    retries = [0] * n
+    worst = [0.0] * n
     while True:
         now = clock()
-        pending = [
-            i for i in range(len(last)) if len(seen[i]) < count and now - since[i] < timeout_s
-        ]
+        pending = [i for i in range(n) if len(seen[i]) < count and now - since[i] < timeout_s]
         if not pending:
+            if slowest is not None:
+                slowest[:] = worst
             return first, seen
         sleep(poll_s)
-        values = list(read())
-        now = clock()
+        values, t0, t1 = _bracketed(read, clock)
         for i in pending:
             if values[i] != last[i]:
+                took = max(r1[i] - r0[i], t1[i] - t0[i])
+                if took > slow_s and retries[i] < SLOW_RETRIES:
+                    retries[i] += 1  # its time is uncertain by ``took``: wait for the next one
+                    continue
                 # The refresh happened between the previous read and this one: the midpoint.
-                seen[i].append((values[i], (before + now) / 2))
-                since[i] = now
-        last, before = values, now
+                seen[i].append((values[i], ((r0[i] + r1[i]) / 2 + (t0[i] + t1[i]) / 2) / 2))
+                worst[i] = max(worst[i], took)
+                since[i] = t1[i]
+        last, r0, r1 = values, t0, t1

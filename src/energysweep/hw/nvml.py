@@ -1,7 +1,8 @@
 """NVML through nvidia-ml-py (``import pynvml``): the only module in src that imports it.
 
 Owns the NVML session (init/shutdown), GPU identity by UUID, the one MIG refusal, the readings
-(energy counter, power, clocks and clock event reasons) and the environment snapshot queries.
+(energy counter, power, clocks and clock event reasons, the processes on a GPU) and the
+environment snapshot queries.
 Handle-based calls need a session (between :func:`init` and :func:`shutdown`).
 
 Facts this relies on (README, Methodology):
@@ -288,6 +289,12 @@ def power_mw(handle) -> int:
 def clock_event_reasons(handle) -> int:
     """Why clocks are below maximum: an ``nvmlClocksEventReason*`` bitmask."""
     return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+
+
+def compute_pids(handle) -> list[int]:
+    """Processes with a compute context on the GPU (every user's and job's: NVML lists them
+    node-wide; pids as the driver's pid namespace numbers them)."""
+    return [int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
 
 
 def sm_clock_mhz(handle) -> int:

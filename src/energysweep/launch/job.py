@@ -25,7 +25,7 @@ from energysweep.hw import emulated
 from energysweep.job.placement import Placement
 from energysweep.job.sections import Limits, as_dict
 from energysweep.job.spec import JobDir, JobSpec, LaunchedJob, Outputs
-from energysweep.launch import cleanup, gpu_guard, procs
+from energysweep.launch import cleanup, gpu_claims, gpu_guard, procs
 from energysweep.launch.argv import build_argv, build_env
 from energysweep.launch.slurm import job_nodes, restore_job_identity
 from energysweep.tables.io import replace, write_text_atomic
@@ -142,9 +142,12 @@ def run_job(
     what = f"job {spec.key.label()} ({job_dir.spec_file})"
     print("launch:", json.dumps(argv), file=log, flush=True)
     try:
-        # GPU power limit and clocks: set before the ranks start, put back however they end.
-        with gpu_guard.applied(spec.gpu, staging, ranks_here, env, log):
-            _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
+        # Outside Slurm: GPUs of the job's own, held until it ends (one job per GPU).
+        device, timeout = spec.measurement.device, float(limits.job_timeout_s)
+        with gpu_claims.job_gpus(device, ranks_here, env, log, timeout, what) as env:
+            # GPU power limit and clocks: set before the ranks start, put back however they end.
+            with gpu_guard.applied(spec.gpu, staging, ranks_here, env, log):
+                _run_as_unit(argv, env, log, job_id, limits, what, one_node=placement.nodes == 1)
         if job.outputs.emulated is not None:
             emulated.strip_state(job.outputs.emulated)
         _publish(job.outputs, final, what)

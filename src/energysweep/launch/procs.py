@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-MARK_VAR = "ENERGYSWEEP_JOB_MARK"
+from energysweep.util.proctree import MARK_VAR, ROOT_VAR
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -98,7 +99,8 @@ def start(argv: list[str], env: dict, log, mark: str) -> subprocess.Popen:
     the measure step, whose handler then stops the job as a whole (:func:`stop`). The launched
     command is sent SIGTERM by the kernel if the measure step dies without stopping it.
     """
-    env = {**env, MARK_VAR: mark}
+    # The root: the job's processes tell theirs from others' on a GPU (energysweep.util.proctree).
+    env = {**env, MARK_VAR: mark, ROOT_VAR: str(os.getpid())}
     return subprocess.Popen(
         argv,
         env=env,

@@ -54,6 +54,10 @@ def base_row(
         "idle_window_s": None,
         "idle_gpu_power_w": None,
         "idle_gpu_power_status": EnergyStatus.NOT_MEASURED,
+        "idle_settle_s": None,
+        "gpu_processes_status": "not-applicable (no window measured)",
+        "gpu_processes_foreign": None,
+        "gpu_edge_read_max_ms": None,
         "host_energy_mj": None,
         "host_dram_energy_mj": None,
         "host_energy_status": EnergyStatus.NOT_MEASURED,
@@ -95,6 +99,7 @@ def reading_cols(r: GpuReading) -> dict:
         "energy_source": hw_nvml.label(r.source),
         "gpu_energy_mj_zeus": r.energy_mj_zeus,
         "gpu_energy_zeus_status": r.zeus_status,
+        "gpu_edge_read_max_ms": r.edge_read_ms,
     }
 
 
@@ -198,6 +203,7 @@ def window_rows(
             **reading_cols(r),
             **monitor.job_cols(r),
             **monitor.settings.columns(r.gpu_uuid, before, after),
+            **monitor.processes.columns(r.gpu_uuid, *w.get("processes", (None, None))),
             **host_cols,
             **node_cols,
             "cpu_time_s": w["cpu_s"],

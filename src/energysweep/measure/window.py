@@ -32,6 +32,7 @@ def measure_window(
     cpu,
     settings=None,
     node=None,
+    processes=None,
 ) -> dict:
     """The window rule (module docstring) around ``step(i)``, called once per iteration.
 
@@ -46,13 +47,15 @@ def measure_window(
             before the start edge and right after the end edge, outside the window's energy.
         node: the rank's node energy source (energysweep.energy.node), read at the same
             moments (a Slurm query: too slow to sit inside the window).
+        processes: who else computes on the rank's GPUs (measure.gpu_processes), read so too.
 
     Returns:
         The window's edges (ns, ``start``/``end``), its ``iterations`` and its energy
         (``readings``), ``host`` and CPU-time (``cpu_s``) readings, and the GPU settings read
-        at both edges (``settings``).
+        at both edges (``settings``), and the GPUs' process lists there (``processes``).
     """
     before = settings.read() if settings is not None else None
+    procs_before = processes.read() if processes is not None else None
     if node is not None:
         node.begin()
     synchronize()
@@ -84,6 +87,7 @@ def measure_window(
     host_reading = host.end()
     readings = energy.end()  # waits for the counters' next refreshes, after the edge
     after = settings.read() if settings is not None else None
+    procs_after = processes.read() if processes is not None else None
     node_reading = node.end() if node is not None else None
     return {
         "start": start,
@@ -94,4 +98,5 @@ def measure_window(
         "cpu_s": cpu_s,
         "settings": (before, after),
         "node": node_reading,
+        "processes": (procs_before, procs_after),
     }

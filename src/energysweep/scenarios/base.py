@@ -102,6 +102,7 @@ class Scenario(ABC):
             cpu=self.cpu,
             settings=self.monitor.settings,
             node=self.monitor.node,
+            processes=self.monitor.processes,
         )
         self.window_ns_total += w["end"] - w["start"]
         return w
@@ -116,6 +117,8 @@ class Scenario(ABC):
             faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
             self.check_settings(bs)
             self.prepare(bs)
+            # The job's idle baseline: once, after the first warm-up, as the windows run.
+            self.monitor.ensure_idle()
             for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts

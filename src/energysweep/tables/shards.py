@@ -19,11 +19,13 @@ from energysweep.tables.io import write_atomic
 # v2: phase prefill, energy_source, min_window_s, Zeus cross-check, idle baseline, host (RAPL)
 # energy, model_parameters, flops_estimate and loss (training) columns.
 # v3: launcher_processes and gpu_workers (what the process audit expects per launch mode).
+# v5: gpu_processes_status and gpu_processes_foreign (who else computed on the GPU at the
+# window's edges: the gpu_shared check), idle_settle_s, gpu_edge_read_max_ms.
 # v4: scenario serving: the point key `load`, and the serving columns (load, rates, errors,
 # goodput, ramp/drain, queue, latency percentiles) with serving_status; the GPU setting behind
 # every row (gpu.power_limit_w, gpu.clock: asked, read back, status), node energy (Slurm's
 # accounting), Slurm step, account and node name.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # The shard schema, one column a line: name, pyarrow type, "null" if the column may be null (else
 # "-"), meaning. An indented line continues the meaning above; "#" lines are headings. The README's
@@ -97,6 +99,10 @@ gpu_energy_status       string  -    measured | short-window | unavailable
 gpu_energy_method       string  -    how gpu_energy_mj was obtained; prefixed emulated: on the
                                      emulated GPU node (measurement.device emulated)
 gpu_energy_detail       string  null why energy is unavailable or flagged
+gpu_edge_read_max_ms    float64 null slowest energy-counter read (between its bracketing timestamps)
+                                     that fixed a counter refresh at this window's edges, in ms;
+                                     above validity.counter_period_s / 4 the verdict says
+                                     edge_read_slow; null where no counter read at aligned edges
 energy_source           string  -    GPU energy source used: nvml | zeus | cross-check | none (auto
                                      resolved); prefixed emulated: on the emulated GPU node
 gpu_energy_mj_zeus      float64 null cross-check: Zeus's energy for the same GPU and window in mJ
@@ -126,6 +132,14 @@ idle_window_s           float64 null length of the job's idle-baseline window in
 idle_gpu_power_w        float64 null this GPU's idle power in W (idle baseline)
 idle_gpu_power_status   string  -    measured | short-window | skipped (idle_baseline_s 0) |
                                      unavailable
+idle_settle_s           float64 null s waited after the warm-up for this GPU's power to settle
+                                     before the idle baseline (bounded); null if not waited for
+# Other processes on this GPU (nvmlDeviceGetComputeRunningProcesses at both window edges).
+gpu_processes_status    string  -    ok (only the job's processes) | shared (another process
+                                     computed on the GPU: the verdict's gpu_shared) | unverifiable
+                                     (...) | unavailable (...) | not-applicable (...)
+gpu_processes_foreign   string  null the other processes and the edge(s) they were seen at ("pid
+                                     4242 at start+end"); null when none
 # The host (RAPL) and this process's CPU time.
 host_energy_mj          float64 null RAPL CPU package energy of this host over the window in mJ
                                      (local rank 0 rows only)

@@ -26,7 +26,10 @@ from energysweep.tables.shards import POINT_KEYS, WINDOW_KEYS
 from energysweep.tables.status import ACCEPTED, NOT_IN_EFFECT, EnergyStatus, Status
 from energysweep.validity import recheck as rc
 from energysweep.validity import serving as sv
+from energysweep.validity import shared as sh
 from energysweep.validity import stages as st
+from energysweep.validity.perpoint import per_point as _per_point
+from energysweep.validity.perpoint import point_index as _point_index
 from energysweep.validity.thresholds import Thresholds
 
 # Every reason code, in the order invalid_reasons lists them: code -> what it means.
@@ -37,7 +40,9 @@ REASONS: dict[str, str] = {
     "clock_not_applied": "the point's gpu.clock was refused, or not read back as asked",
     "no_gpu_energy": "no GPU energy was measured for the point (CPU run, no NVML, or disabled)",
     "partial_gpus": "a GPU of the layout has no energy figure, or fewer GPUs than tp*pp*dp",
+    "gpu_shared": sh.REASONS["gpu_shared"],
     "counter_stuck": "a GPU's energy counter did not move over a window spanning 2+ periods",
+    "edge_read_slow": sh.REASONS["edge_read_slow"],
     "window_short": "median window < validity.min_counter_periods x counter period",
     "few_iterations": "median window ran < validity.min_iterations iterations",
     "steady_state_short": "steady state behind the figure < validity.min_steady_state_s",
@@ -53,7 +58,9 @@ REASONS: dict[str, str] = {
 # Checks that need GPU energy (listed as unchecked on points without it).
 GPU_CHECKS = (
     "partial_gpus",
+    "gpu_shared",
     "counter_stuck",
+    "edge_read_slow",
     "ci_wide",
     "idle_unstable",
     "throttled",
@@ -81,6 +88,7 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
     "stage_cpu_time_max_min_ratio": ("stage_status", "status"),
     "gpu_energy_max_min_ratio": _GPU,
     "gpu_model": _GPU,
+    **sh.NULL_STATUS,
     **sv.NULL_STATUS,
 }
 # Free text where empty means "nothing to report".
@@ -88,12 +96,14 @@ INFO_COLUMNS = {
     "invalid_reasons",
     "validity_unchecked",
     "clock_event_reasons_seen",
+    *sh.INFO_COLUMNS,
     *sv.INFO_COLUMNS,
 }
 
 ROW_COLUMNS = sorted(
     set(rc.ROW_COLUMNS)
     | set(st.ROW_COLUMNS)
+    | set(sh.ROW_COLUMNS)
     | {"requests", "iterations", "gpu_name", "gpu_energy_method"}
 )
 
@@ -102,29 +112,12 @@ def _throttle_mask(names) -> int:
     return int(sum(tp.CLOCK_EVENT_REASONS[n] for n in names))
 
 
-def _point_index(frame: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
-    """Position of each frame row's point in ``summary`` (-1 where none)."""
-    keys = (
-        summary[POINT_KEYS].reset_index(drop=True).reset_index().rename(columns={"index": "_pos"})
-    )
-    merged = frame[POINT_KEYS].merge(keys, on=POINT_KEYS, how="left")
-    return merged["_pos"].fillna(-1).to_numpy(dtype=np.int64)
-
-
-def _per_point(frame: pd.DataFrame, summary: pd.DataFrame, column: str, how: str) -> np.ndarray:
-    """``how`` (median/max/min/any) of ``column`` per summary point; NaN where no row."""
-    pos = _point_index(frame, summary)
-    s = pd.Series(frame[column].to_numpy(), index=pos)
-    s = s[s.index >= 0]
-    if how == "any":
-        out = s.astype(float).groupby(level=0).max()
-    else:
-        out = s.astype(float).groupby(level=0).agg(how)
-    return out.reindex(range(len(summary))).to_numpy(dtype=float)
-
-
 def annotate(
-    summary: pd.DataFrame, rows: pd.DataFrame, validation: pd.DataFrame, c: Thresholds
+    summary: pd.DataFrame,
+    rows: pd.DataFrame,
+    validation: pd.DataFrame,
+    c: Thresholds,
+    overlaps: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """``summary`` with the verdict, re-check, stage and ML.ENERGY-parity columns added.
 
@@ -133,6 +126,8 @@ def annotate(
         rows: merged shard rows with at least :data:`ROW_COLUMNS`.
         validation: the re-check table (energysweep.validity.recheck.recheck).
         c: the thresholds (the config's ``validity:`` section, :meth:`Thresholds.from_config`).
+        overlaps: windows of different jobs on one GPU at once
+            (energysweep.aggregate.overlap.shared_windows; None: none found).
     """
     if summary.empty:
         return summary
@@ -163,6 +158,9 @@ def annotate(
     # Every row measured on the emulated node says so (hw.nvml.label): never a valid point.
     emu = rows["gpu_energy_method"].astype(str).str.startswith("emulated:").astype(float)
     checks["emulated"] = _per_point(rows.assign(_emu=emu), s, "_emu", "any") > 0
+    checks["shared"] = sh.columns(
+        s, ok_head, overlaps if overlaps is not None else pd.DataFrame(), checks["period"]
+    )
     _verdict(s, c, gpu_status, has_energy, layout_gpus, **checks)
 
     s = pd.concat([s, st.summary_columns(rows, s)], axis=1)
@@ -279,6 +277,7 @@ def _verdict(
     s_stuck: np.ndarray,
     throttled: np.ndarray,
     emulated: np.ndarray,
+    shared: tuple[dict, dict],
 ) -> None:
     """Adds ``valid``, ``invalid_reasons`` and ``validity_unchecked`` to ``s`` (in place)."""
     n = len(s)
@@ -300,6 +299,7 @@ def _verdict(
         "throttled": has_energy & throttled,
         "no_timeline": has_energy & any_unchecked & bool(c.require_timeline),
         "recheck_mismatch": has_energy & (s["recheck_max_deviation"] > c.max_recheck_deviation),
+        **{k: has_energy & v for k, v in shared[0].items()},
     }
     serving_fails, serving_unknown = sv.fails(s, c)
     fails.update(serving_fails)
@@ -322,6 +322,8 @@ def _verdict(
             skip += ["counter_stuck", "throttled", "recheck_mismatch"]
         if serving_unknown[i]:
             skip.append("load_not_sustained")
+        if has_energy.iloc[i]:
+            skip += [k for k, unknown in shared[1].items() if unknown[i] and not fails[k][i]]
         unchecked.append(";".join(k for k in REASONS if k in skip))
     s["valid"] = [not x for x in codes]
     s["invalid_reasons"] = codes
@@ -342,7 +344,11 @@ def _setting_fails(s: pd.DataFrame) -> dict:
 
 
 def evaluate(
-    summary: pd.DataFrame, rows: pd.DataFrame, jobs: list[str | Path], thresholds: Thresholds
+    summary: pd.DataFrame,
+    rows: pd.DataFrame,
+    jobs: list[str | Path],
+    thresholds: Thresholds,
+    overlaps: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Re-check (validation table), stages and verdict: the merge step's hook.
 
@@ -352,4 +358,8 @@ def evaluate(
     power_files = [JobDir.of(j).power for j in jobs]
     power = tp.load_power([p for p in power_files if Path(p).is_file()])
     validation = rc.recheck(rows, power, rc.idle_bounds(jobs), thresholds.power_average_s)
-    return annotate(summary, rows, validation, thresholds), validation, st.stage_table(rows)
+    return (
+        annotate(summary, rows, validation, thresholds, overlaps),
+        validation,
+        st.stage_table(rows),
+    )

@@ -7,7 +7,8 @@ classes (passed in by energysweep.hw.nvml, the one importer of pynvml) and the f
 ``NVMLError_FunctionNotFound``, as the real binding does when the driver lacks a symbol.
 
 Session, enumeration and identity live here; readings in api_readings.py, limits and clocks in
-api_control.py. Handles are real ``c_nvmlDevice_t`` pointers whose address encodes the GPU.
+api_control.py, the process list in api_processes.py. Handles are real ``c_nvmlDevice_t``
+pointers whose address encodes the GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import types
 
 from energysweep.hw.emulated.api_control import Control
+from energysweep.hw.emulated.api_processes import ProcessList
 from energysweep.hw.emulated.api_readings import Readings
 
 _HANDLE_BASE = 0x7E5E_0000_0000
@@ -233,7 +235,7 @@ class Session:
         return self.real.NVML_FEATURE_ENABLED
 
 
-class EmulatedNvml(Session, Readings, Control):
+class EmulatedNvml(Session, Readings, Control, ProcessList):
     """Every emulated call: the methods named like pynvml's functions."""
 
 
@@ -241,7 +243,10 @@ class EmulatedNvml(Session, Readings, Control):
 CGROUP_ENV = "ENERGYSWEEP_EMULATED_ALLOCATION"
 
 EMULATED = sorted(
-    name for cls in (Session, Readings, Control) for name in vars(cls) if name.startswith("nvml")
+    name
+    for cls in (Session, Readings, Control, ProcessList)
+    for name in vars(cls)
+    if name.startswith("nvml")
 )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import energysweep.hw.emulated.physics as physics
+import energysweep.hw.emulated.processes as processes
 from energysweep.hw.emulated.node import Node
 from energysweep.hw.emulated.state import pid_alive
 
@@ -122,6 +123,8 @@ class Owner:
             e0 = float(v.energy_mj(now, alive=False))  # idle since the last sample
             v.state.set("owner_pid", self.pid)
             v.state.set("attach_ns", now)
+            # The node's process list (nvmlDeviceGetComputeRunningProcesses) shows the owner.
+            processes.register(v.ident.uuid, self.pid, host=node.host)
             self._append(
                 v,
                 np.array([now]),
@@ -211,6 +214,7 @@ class Owner:
         for v in self.views:
             if v.state.get("owner_pid") == self.pid:
                 v.state.set("owner_pid", 0)
+            processes.unregister(v.ident.uuid, self.pid, host=self.node.host)
             paths.append(self._write_truth(v))
         return paths
 

@@ -12,9 +12,9 @@ One process (the client, our code) runs the whole job. Per batch cap (the engine
    the server's CPU time and its /metrics counters, then the drain;
 3. stop the server (every one of its processes) and copy its log into the rule's log.
 
-The idle baseline is measured once per job with the first server up and idle. A grid point is
-(batch cap, load); each repetition of it is one window: one shard row per GPU of the job (the
-client measures all of them; the server's processes compute on them). Every request goes to
+The idle baseline is measured once per job with the first server up, warmed up and idle. A grid
+point is (batch cap, load); each repetition of it is one window: one shard row per GPU of the
+job (the client measures all of them; the server's processes compute on them). Every request goes to
 ``requests.parquet`` with its phase (warmup, ramp, window, drain). Any failure (the server does
 not start, dies, stops answering; the client stalls) fails the job with the server's log.
 """
@@ -234,13 +234,19 @@ class ServingScenario(Scenario):
             # and the GPU counters' refreshes awaited (energy/ticks.py) before the start edge:
             # the edge is where the counters' start values are taken.
             settings = m.settings.read()
+            processes = m.processes.read()
             m.node.begin()
             m.energy.prepare()
             start = wall_ns()
             m.energy.begin()
             m.host.begin()
             self.server_cpu.begin()
-            return {"wall_ns": start, "metrics": read_counters(), "settings": settings}
+            return {
+                "wall_ns": start,
+                "metrics": read_counters(),
+                "settings": settings,
+                "processes": processes,
+            }
 
         def on_close():
             end = wall_ns()
@@ -252,6 +258,7 @@ class ServingScenario(Scenario):
                 "cpu_s": cpu_s,
                 "metrics": read_counters(),
                 "settings": m.settings.read(),
+                "processes": m.processes.read(),
                 "node": m.node.end(),
             }
 
@@ -356,6 +363,7 @@ class ServingScenario(Scenario):
             "host": run.closed["host"],
             "cpu_s": run.closed["cpu_s"],
             "settings": (run.opened["settings"], run.closed["settings"]),
+            "processes": (run.opened["processes"], run.closed["processes"]),
             "node": run.closed["node"],
             "tin": stats["input_tokens"],
             "tout": stats["output_tokens"],

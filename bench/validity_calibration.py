@@ -1,12 +1,13 @@
 """Calibrate the validity defaults on the emulated node: false invalids and fault catch rates.
 
-Under realistic behaviour (the default h100-sxm profile: 1 s averaged power sampled 25% of the
-time, counter refreshes every 100 ms with jitter, read latency) and the schema's measurement
+Under realistic behaviour (the default h200-sxm profile, fitted to a measured H200: 1 s averaged
+power, counter refreshes every 99.9 ms with jitter, a counter that is not the truth (gain, noise,
+publication delay), the H200's energy read latencies) and the schema's measurement
 defaults (5 s windows after 2 s of cooldown, a 5 s idle baseline, 10 Hz timeline), in virtual
 time (bench/energy_accuracy.py's Bench), with energysweep's own NVML source and the re-check's
 Timeline:
 
-- healthy windows (loads: a real rank's recorded activity, steady, a 1 Hz square wave): the
+- healthy windows (loads: a seeded synthetic bursty rank, steady, a 1 Hz square wave): the
   share each validity check rejects at the default thresholds (false invalids), and the
   re-check deviation's distribution;
 - each scripted fault, with an episode covering the whole window and one of 2 s inside it: the
@@ -35,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pynvml as real  # noqa: E402
-from energy_accuracy import EPOCH_NS, Bench, patterns, record_rank_trace, square  # noqa: E402
+from energy_accuracy import EPOCH_NS, Bench, bursty_trace, patterns, square  # noqa: E402
 
 DEFAULTS = {"max_recheck_deviation": 0.1, "min_counter_periods": 50, "counter_period_s": 0.1,
             "power_average_s": 1.0,
@@ -144,9 +145,9 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, default=None)
     args = parser.parse_args(argv)
     n = args.windows or (3 if args.quick else 40)
-    trace = record_rank_trace(2.0 if args.quick else 20.0)
-    loads = {"real rank": patterns(trace)["real rank"], "steady": lambda x: np.full(np.shape(x),
-             0.8), "square 1 Hz": square(1.0)}  # fmt: skip
+    trace = bursty_trace(seed=2026)
+    loads = {"bursty rank": patterns(trace)["bursty (seeded)"], "steady": lambda x: np.full(
+             np.shape(x), 0.8), "square 1 Hz": square(1.0)}  # fmt: skip
     checks_shown = ["recheck_mismatch", "window_short", "counter_stuck", "throttled",
                     "idle_unstable", "error", "any"]  # fmt: skip
     print(f"{n} windows of {WINDOW_S:g}-{WINDOW_S + 0.3:g} s per row; share of windows failing")
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
         )
     for fault in FAULTS:
         for episode in ("partial",) if fault == "counter_reset" else ("full", "partial"):
-            r = run_windows(loads["real rank"], n, seed=100, faults=fault, episode=episode)
+            r = run_windows(loads["bursty rank"], n, seed=100, faults=fault, episode=episode)
             print(f"| {fault}, {episode} | " + " | ".join(rate(r[k]) for k in checks_shown)
                   + " | |")  # fmt: skip
     print(f"\nfalse-invalid rate of healthy windows at the defaults: {rate(healthy_any)}")

@@ -89,7 +89,12 @@ EMULATED = {
         "idle_baseline_s": 0.5,
         "cooldown_s": 0.1,
         "sampler_hz": 10,
-        "emulated": {"profile": "h100-sxm"},
+        # The H200 fitted (its counter's gain and noise included), with two of its figures
+        # fixed: an energy read of the H200's median 2.6 ms (its slow-read tail, up to 185 ms,
+        # is issue 27's bracketed edge reads) and no publication delay (7 ms at most: it moves
+        # a window's edge by the load step there). Both are in bench/energy_accuracy.py's table;
+        # here they would hide the edge arithmetic's errors the truth bounds exist to catch.
+        "emulated": {"profile": "h200-sxm", "read_latency_s": 0.0026, "counter_delay_s": 0.0},
     },
 }
 

@@ -1,4 +1,8 @@
-"""Energy per window against the emulated node's ground truth, for pipeline tests."""
+"""Energy per window against the emulated node's ground truth, for pipeline tests.
+
+The bounds are per row: every window, and every rank's and every GPU's windows, not a median of
+all rows (issue 31.2: a median let a broken edge, or a bug confined to rank >= 1, pass).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from energysweep.hw.emulated import node_config
 from energysweep.hw.emulated.truth import Truth
 
 
@@ -13,7 +18,9 @@ def against_truth(wf: Path) -> pd.DataFrame:
     """Every GPU row of every job of ``wf``'s results with the true energy of its window.
 
     Columns added: ``truth_mj`` (the owners' exact integral over the row's window edges),
-    ``error_pct`` ((measured - truth) / truth in %) and ``window_s``.
+    ``sensor_mj`` (what a perfect method reads off the job's emulated counter: the truth times
+    the sensor's gain, plus its offset; hw/emulated/profiles.py), ``error_pct`` ((measured -
+    sensor) / sensor in %), ``truth_error_pct`` (against the truth itself) and ``window_s``.
     """
     frames = []
     for job in sorted((Path(wf) / "results" / "shards").glob("**/job.json")):
@@ -21,37 +28,65 @@ def against_truth(wf: Path) -> pd.DataFrame:
         rows = rows[rows["gpu_uuid"].notna() & rows["gpu_energy_mj"].notna()]
         rows = rows.reset_index(drop=True)
         truth = Truth.read(job.with_name("emulated"))
+        node = node_config.read(job.with_name("emulated"))
         rows["truth_mj"] = truth.windows(rows)
+        dur_s = (rows["window_end_ns"] - rows["window_start_ns"]) / 1e9
+        rows["sensor_mj"] = node.counter_gain * rows["truth_mj"] + node.counter_offset_w * dur_s
         frames.append(rows)
     out = pd.concat(frames, ignore_index=True)
-    out["error_pct"] = 100 * (out["gpu_energy_mj"] - out["truth_mj"]) / out["truth_mj"]
+    out["error_pct"] = 100 * (out["gpu_energy_mj"] - out["sensor_mj"]) / out["sensor_mj"]
+    out["truth_error_pct"] = 100 * (out["gpu_energy_mj"] - out["truth_mj"]) / out["truth_mj"]
     out["window_s"] = (out["window_end_ns"] - out["window_start_ns"]) / 1e9
     return out
 
 
-# The bound, measured on this machine (2 cores) for windows of 0.05-3 s: the error of a window
-# in seconds of its own energy, |measured - truth| / truth x window length. Unloaded: median
-# 1-2 ms, worst 12 ms. Under load (load average 10 from other work): median 5 ms, and single
-# windows up to 0.23 s where a rank was descheduled while it polled a counter (the emulated GPU
-# follows the rank's CPU; a real GPU's counter does not wait for our process), and once 0.32 s
-# (a 1.1 s prefill window, load average ~5 from four test sessions at once). Reading the
-# counters at the edges instead (no alignment) gives a median of ~50 ms: the median bound is
-# what the alignment must meet; the worst-case bound catches a wrong GPU or a lost window (an
-# error of a whole window: >= 0.5 s, the pipeline tests' shortest window).
-MEDIAN_ERROR_S = 0.01
-WORST_ERROR_S = 0.45
+# The bounds, against what the job's emulated counter would read over the window (the truth
+# times the sensor's gain: a gain is a property of the sensor no method can see; the sensor's
+# noise stays in the error). The error of a window is counted in seconds of its own energy,
+# (measured - sensor) / sensor x window length: the edges' share, which does not shrink with the
+# window. Measured on this machine (2 cores, load average 12-15 from other sessions), h200-sxm
+# with the counter visible by wall time (hw/emulated/node.py), 42 windows of 0.5-5.4 s:
+# |error| median 1.8 / 3.1 ms, worst 11.6 / 18.9 ms (two runs); each rank's median signed
+# error +1.0 to +1.8 ms (the
+# emulated GPU follows the rank's CPU, busy at the barriers next to the edges: a small positive
+# bias a real GPU would not have); windows >= 1 s within 0.87%. Each mutation of energy/nvml.py
+# fails them: start-edge correction dropped (every rank's median +5.1 ms), end-edge correction
+# dropped (median 29 ms, worst 71 ms), rank 1's end one refresh late (rank 1's median 58 ms).
+WORST_ERROR_S = 0.025  # every window
+RANK_BIAS_S = 0.0035  # |median signed error| of each rank's windows, and of each GPU's
+LONG_WINDOW_S = 1.0
+LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
+
+
+def error_s(rows: pd.DataFrame) -> pd.Series:
+    """Signed error of each window in seconds of its own energy."""
+    return (rows["gpu_energy_mj"] - rows["sensor_mj"]) / rows["sensor_mj"] * rows["window_s"]
 
 
 def assert_matches_truth(rows: pd.DataFrame) -> None:
-    """Every window's energy is the ground truth's within the bounds above."""
+    """Every window's energy is the sensor's reading of the ground truth within the bounds:
+    each window, each window >= 1 s in %, and the bias of each rank and of each GPU."""
     assert len(rows) and rows["truth_mj"].notna().all(), "a window has no ground truth"
-    error_s = (rows["gpu_energy_mj"] - rows["truth_mj"]).abs() / rows["truth_mj"]
-    error_s = error_s * rows["window_s"]
-    worst = rows.loc[error_s.idxmax(), ["job_id", "phase", "rank", "window_s", "error_pct"]]
+    rows = rows.assign(error_s=error_s(rows))
+    cols = ["job_id", "phase", "rank", "gpu_uuid", "window_s", "error_pct", "error_s"]
+    worst = rows.loc[rows["error_s"].abs().idxmax(), cols]
+    by_rank = rows.groupby("rank")["error_s"].median()
+    by_gpu = rows.groupby(["host", "gpu_uuid"])["error_s"].median()
+    long = rows[rows["window_s"] >= LONG_WINDOW_S]
     print(
         f"{len(rows)} GPU windows of {rows['window_s'].min():.2f}-{rows['window_s'].max():.2f} s:"
-        f" error median {1e3 * error_s.median():.1f} ms ({rows['error_pct'].abs().median():.3f}%),"
-        f" worst {1e3 * error_s.max():.1f} ms ({abs(worst['error_pct']):.2f}%)"
+        f" |error| median {1e3 * rows['error_s'].abs().median():.2f} ms"
+        f" ({rows['error_pct'].abs().median():.3f}%), worst {1e3 * abs(worst['error_s']):.2f} ms"
+        f" ({abs(worst['error_pct']):.3f}%); median signed error by rank (ms)"
+        f" {(1e3 * by_rank).round(2).to_dict()}; {len(long)} windows >= {LONG_WINDOW_S} s,"
+        f" worst {long['error_pct'].abs().max():.3f}%; against the truth itself: median"
+        f" {rows['truth_error_pct'].median():+.3f}%"
     )
-    assert error_s.median() <= MEDIAN_ERROR_S, error_s.describe()
-    assert error_s.max() <= WORST_ERROR_S, worst.to_dict()
+    print(rows[cols].sort_values("error_s").to_string())
+    assert rows["error_s"].abs().max() <= WORST_ERROR_S, worst.to_dict()
+    assert by_rank.abs().max() <= RANK_BIAS_S, by_rank.to_dict()
+    assert by_gpu.abs().max() <= RANK_BIAS_S, by_gpu.to_dict()
+    if len(long):
+        assert long["error_pct"].abs().max() <= LONG_ERROR_PCT, long.loc[
+            long["error_pct"].abs().idxmax(), cols
+        ].to_dict()

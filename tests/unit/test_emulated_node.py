@@ -294,16 +294,26 @@ def test_readings_stay_exact_when_the_shared_ring_wraps(tmp_path):
     )
 
 
-def test_a_refresh_shows_only_once_the_owner_has_reached_it(tmp_path):
-    """The counter changes once per refresh: while the owner's samples lag behind a refresh
-    (a starved owner thread), readers still see the previous one, never a partial value."""
+def test_a_refresh_shows_at_its_instant_whatever_the_owner_thread_does(tmp_path):
+    """Counter visibility follows wall time (issue 31.2): while the owner's samples lag behind
+    a refresh (a descheduled rank), readers see that refresh at its instant all the same, at
+    the power the GPU held; the owner's late sample keeps to what they saw, so the reading never
+    changes within a period and the truth is what the counter showed."""
     node, nvml, clock = make_node(tmp_path, counter_jitter_s=0.0)
     h = _gpu0(node, nvml)
-    owner = Owner(node, [0], steady(1.0))
+    load = {"u": 1.0}
+    owner = Owner(node, [0], emulated.FunctionActivity(lambda t: load["u"]))
     run_owner(owner, clock, 1.048, hz=250)  # samples up to ~1.048 s; refreshes at 1.0, 1.1
     before = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
     clock.t = clock.at(1.15)  # past the 1.1 s refresh, the owner still at ~1.048 s
-    assert nvml.nvmlDeviceGetTotalEnergyConsumption(h) == before
-    owner.step(clock())  # the owner catches up: the 1.1 s refresh, whole
-    after = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
-    assert after - before == pytest.approx(700 * 100, abs=1)  # 100 ms at 700 W, in mJ
+    seen = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    assert seen - before == pytest.approx(700 * 100, abs=1)  # 100 ms at 700 W, in mJ
+    load["u"] = 0.0  # the rank went idle while its sampling thread was away
+    owner.step(clock())
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(h) == seen  # unchanged by the late sample
+    clock.t = clock.at(1.2)
+    owner.step(clock())
+    owner.close()
+    t = truth.Truth.read(tmp_path)
+    true = float(t.energy_mj(node.gpus[0].uuid, clock.at(1.0), clock.at(1.1)))
+    assert seen - before == pytest.approx(true, abs=1)

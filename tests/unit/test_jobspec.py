@@ -46,7 +46,7 @@ def test_from_config_carries_the_validated_sections_and_round_trips(backend, sce
     # A section inside a section is typed too: measurement.emulated, with the schema's defaults.
     assert spec.measurement.emulated == Emulated(**cfg["measurement"]["emulated"])
     emulated = spec.measurement.emulated
-    assert emulated.profile == "h100-sxm" and emulated.faults == []
+    assert emulated.profile == "h200-sxm" and emulated.faults == []
     assert (spec.training is not None) == (scenario == "training")
     assert (spec.engine is not None) == (backend in ("vllm", "tensorrt-llm"))
     assert spec.batch_sizes == [1, 2, 4]

@@ -52,8 +52,11 @@ SERVER_ARGV_CONDITIONS = frozenset({"enforce_eager", "on_gpu"})
 SERVER_ENV_CONDITIONS = frozenset({"always", "on_cpu", "on_gpu", "engine_port"})
 SERVER_ENV_FIELDS = frozenset({"engine_port", "cpu_kvcache_gib", "cpu_bind"})
 # The /metrics series a serving window reads (:attr:`BackendInfo.server_metrics`): requests running
-# in the engine, requests waiting in its queue, the queue-time histogram's sum and count.
-SERVER_METRICS_KEYS = frozenset({"running", "waiting", "queue_time_sum", "queue_time_count"})
+# in the engine, requests waiting in its queue, the queue-time histogram's sum and count, the
+# requests the server completed (a series may carry a label matcher, scenarios/serving/probes.py).
+SERVER_METRICS_KEYS = frozenset(
+    {"running", "waiting", "queue_time_sum", "queue_time_count", "requests_completed"}
+)
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,12 @@ BACKENDS: dict[str, BackendInfo] = {
                 ("waiting", "vllm:num_requests_waiting"),
                 ("queue_time_sum", "vllm:request_queue_time_seconds_sum"),
                 ("queue_time_count", "vllm:request_queue_time_seconds_count"),
+                # Its success counter counts aborted requests too (the drain's cancelled ones):
+                # only the label sets of requests that finished generating are summed.
+                (
+                    "requests_completed",
+                    'vllm:request_success_total{finished_reason=~"stop|length"}',
+                ),
             ),
             unsupported=(
                 Unsupported(

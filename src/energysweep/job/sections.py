@@ -107,6 +107,12 @@ class Emulated:
     power_avg_window_s: float | None
     power_sample_coverage: float | None
     read_latency_s: float | None
+    counter_gain: float | None
+    counter_offset_w: float | None
+    counter_noise_mj: float | None
+    counter_delay_s: float | None
+    average_gain: float | None
+    instant_gain: float | None
     activity_hz: float
     allow_privileged: bool
     device_cgroups: bool

@@ -25,7 +25,8 @@ from energysweep.tables.io import write_atomic
 # goodput, ramp/drain, queue, latency percentiles) with serving_status; the GPU setting behind
 # every row (gpu.power_limit_w, gpu.clock: asked, read back, status), node energy (Slurm's
 # accounting), Slurm step, account and node name.
-SCHEMA_VERSION = 5
+# v6: server_requests_completed (the server's own count of a serving window's requests).
+SCHEMA_VERSION = 6
 
 # The shard schema, one column a line: name, pyarrow type, "null" if the column may be null (else
 # "-"), meaning. An indented line continues the meaning above; "#" lines are headings. The README's
@@ -192,6 +193,9 @@ queue_waiting_mean      float64 null mean requests waiting in the server's queue
 queue_waiting_max       float64 null most requests waiting in the server's queue in the window
 queue_time_mean_s       float64 null mean server-side queue time of the requests the engine
                                      scheduled in the window (its /metrics histogram)
+server_requests_completed int64 null requests the server itself completed inside the window (its
+                                     /metrics counter, e.g. vllm:request_success_total, read at
+                                     both edges): a cross-check of `requests`
 ttft_p50_s              float64 null median time to first token of the window's completed requests
 ttft_p99_s              float64 null 99th percentile time to first token
 tpot_p50_s              float64 null median time per output token after the first
@@ -200,7 +204,8 @@ itl_p50_s               float64 null median inter-token latency (every gap of th
 itl_p99_s               float64 null 99th percentile inter-token latency
 e2e_p50_s               float64 null median end-to-end request latency
 e2e_p99_s               float64 null 99th percentile end-to-end request latency
-serving_status          string  -    ok | queue-unavailable (...) | not-applicable (...)
+serving_status          string  -    ok | not-applicable (...) | what is unavailable, "; "-joined:
+                                     queue-unavailable (...), server-count-unavailable (...)
 # The scheduler.
 slurm_job_id            string  null SLURM_JOB_ID, null outside Slurm
 slurm_step_id           string  null SLURM_STEP_ID (the step the ranks ran in)
@@ -245,7 +250,8 @@ SERVING_NULLABLE = [
     "requests_dropped", "arrival_rate_rps",
     "achieved_rate_rps", "achieved_concurrency", "load_sustained", "slo_met_requests", "ramp_s",
     "drain_s",
-    "queue_waiting_mean", "queue_waiting_max", "queue_time_mean_s", "ttft_p50_s", "ttft_p99_s",
+    "queue_waiting_mean", "queue_waiting_max", "queue_time_mean_s", "server_requests_completed",
+    "ttft_p50_s", "ttft_p99_s",
     "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s", "e2e_p99_s",
 ]  # fmt: skip
 WINDOW_KEYS = ["job_id", *POINT_KEYS, "repetition", "phase"]

@@ -28,7 +28,9 @@ WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "profiles", "report
 
 
 def profile_for(gpu_name: str) -> str:
-    """The emulator profile of a GPU model (h100-sxm unless it is an A100)."""
+    """The emulator profile of a GPU model (h100-sxm unless it is an A100 or an H200)."""
+    if "H200" in gpu_name:
+        return "h200-sxm"
     return "a100-sxm" if "A100" in gpu_name else "h100-sxm"
 
 

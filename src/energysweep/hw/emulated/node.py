@@ -141,12 +141,17 @@ class GpuView:
     def owner_alive(self) -> bool:
         return pid_alive(self.state.get("owner_pid"))
 
-    def energy_mj(self, t_ns, alive: bool | None = None) -> np.ndarray:
+    def energy_mj(self, t_ns, alive: bool | None = None, mark: bool = False) -> np.ndarray:
         """True energy (mJ since the epoch; negative before it) at wall times ``t_ns``: the
-        owner's samples joined
-        linearly (exact: power is constant between samples), idle power outside them; after
-        the newest sample it stays put while the owner lives (its next sample covers it)."""
+        owner's samples joined linearly (exact: power is constant between samples), idle power
+        outside them. After the newest sample the GPU holds that sample's power while its owner
+        lives; a sensor read (``mark``) past it appends a sample there holding that power, under
+        the state's lock, and the owner's next sample starts from it (hw/emulated/owner.py):
+        what a reader saw of a refresh is the truth, however late the owner's thread runs."""
         t = np.asarray(t_ns, dtype=np.int64)
+        live = self.owner_alive() if alive is None else alive
+        if mark and live and t.size:
+            self._hold_through(int(t.max()))
         idle = self.prof.idle_w
         epoch = self.node.settings.epoch_ns
         segs = self.state.segments()
@@ -157,30 +162,46 @@ class GpuView:
         t_last, e_last = segs[-1]["t_ns"][-1], segs[-1]["energy_mj"][-1]
         before = t < t_first
         out = np.where(before, e_first - (t_first - t) * idle / 1e6, out)
-        live = self.owner_alive() if alive is None else alive
         after = t > t_last
-        out = np.where(after, e_last + (0.0 if live else (t - t_last) * idle / 1e6), out)
+        held = float(segs[-1]["power_w"][-1]) if live else idle
+        out = np.where(after, e_last + (t - t_last) * held / 1e6, out)
         return out
+
+    def _hold_through(self, t_ns: int) -> None:
+        """A sample at ``t_ns`` holding the newest sample's power, if the samples end before."""
+        last = self.state.last()
+        if last is None or last["t_ns"] >= t_ns:
+            return
+        with self.state.lock():
+            last = self.state.last()
+            if last is None or last["t_ns"] >= t_ns:
+                return
+            e = last["energy_mj"] + (t_ns - last["t_ns"]) * last["power_w"] / 1e6
+            self.state.append(t_ns, e, last["power_w"], last["clock_mhz"], int(last["reasons"]))
 
     # ---------------------------------------------------------------------------- sensors
     def tick(self, t_ns):
         s = self.node.settings
         return physics.last_tick(t_ns, s.epoch_ns, self.period_ns, self.jitter_ns, self.key)
 
-    def published(self, t_ns: int) -> int:
-        """The latest instant whose energy is known at ``t_ns``: a refresh becomes visible only
-        once the owner's samples reach it, so a reading never changes twice in one period (as a
-        driver publishes a refresh whole)."""
-        if not self.owner_alive():
-            return t_ns
-        last = self.state.last()
-        return t_ns if last is None else min(t_ns, int(last["t_ns"]))
+    def sensor_mj(self, k, tk) -> np.ndarray:
+        """The counter's reading of refresh ``k`` (at ``tk``), less its base: the sensor's gain
+        on the energy ``delay`` before the refresh, its offset, its noise (profiles.py)."""
+        s = self.node.settings
+        delay_ns = int(round(s.counter_delay_s * 1e9))
+        tk = np.asarray(tk, dtype=np.int64)
+        return (
+            s.counter_gain * self.energy_mj(tk - delay_ns, mark=True)
+            + s.counter_offset_w * (tk - s.epoch_ns) / 1e6
+            + physics.noise_mj(k, self.key, s.counter_noise_mj)
+        )
 
     def _counter_energy(self, t_ns: int) -> float:
-        """Counter value at ``t_ns`` before stuck episodes: E at the latest published refresh,
-        from the latest counter reset on."""
-        _, tk = self.tick(self.published(t_ns))
-        value = float(self.energy_mj(tk)) + self.base_mj
+        """Counter value at ``t_ns`` before stuck episodes: the sensor's reading of the latest
+        refresh (visible from its instant on, as a driver publishes it, whatever the owner's
+        sampling thread is doing), from the latest counter reset on."""
+        k, tk = self.tick(t_ns)
+        value = float(self.sensor_mj(k, tk)) + self.base_mj
         s = self.node.settings
         latest = None
         for slot, f in enumerate(s.faults):
@@ -195,12 +216,13 @@ class GpuView:
         return value
 
     def anchor_energy(self, slot: int, occurrence: int, start_s: float) -> float:
-        """E at the refresh before a fault episode's start (recorded by the owner, else read)."""
+        """The sensor's reading of the refresh before a fault episode's start (recorded by the
+        owner, else read)."""
         key, value = self.state.anchor(slot)
         if key == occurrence + 1:
             return value
         start_ns = self.node.settings.epoch_ns + int(round(start_s * 1e9))
-        return float(self.energy_mj(self.tick(start_ns)[1]))
+        return float(self.sensor_mj(*self.tick(start_ns)))
 
     def counter_mj(self, t_ns: int) -> int:
         """``nvmlDeviceGetTotalEnergyConsumption`` at ``t_ns``: a stuck counter stays at its
@@ -218,13 +240,15 @@ class GpuView:
         return int(self._counter_energy(at) - lost)
 
     def power_w(self, t_ns: int, window_s: float | None = None) -> float:
-        """The power reading at ``t_ns`` (default window: the node's averaging window)."""
+        """The power reading at ``t_ns``: nvmlDeviceGetPowerUsage by default (the node's
+        averaging window and gain); with ``window_s`` the instant field (its gain)."""
         s = self.node.settings
-        k, _ = self.tick(self.published(t_ns))
+        k, _ = self.tick(t_ns)
         window = s.power_avg_window_s if window_s is None else window_s
-        return float(
+        gain = s.average_gain if window_s is None else s.instant_gain
+        return gain * float(
             physics.power_reading_w(
-                self.energy_mj,
+                lambda t: self.energy_mj(t, mark=True),
                 k,
                 s.epoch_ns,
                 self.period_ns,

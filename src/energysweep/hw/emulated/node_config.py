@@ -47,6 +47,12 @@ PROFILE_KEYS = (
     "power_avg_window_s",
     "power_sample_coverage",
     "read_latency_s",
+    "counter_gain",
+    "counter_offset_w",
+    "counter_noise_mj",
+    "counter_delay_s",
+    "average_gain",
+    "instant_gain",
 )
 
 
@@ -119,6 +125,15 @@ class NodeSettings:
     epoch_ns: int
     faults: tuple[Fault, ...] = ()
     refusals: tuple[tuple[str, str, int | None], ...] = ()  # (call, error, gpu or None)
+    # The sensors against the truth (profiles.py; 1/0 = a sensor that is the truth).
+    counter_gain: float = 1.0
+    counter_offset_w: float = 0.0
+    counter_noise_mj: float = 0.0
+    counter_delay_s: float = 0.0
+    average_gain: float = 1.0
+    instant_gain: float = 1.0
+    # Energy read latency (quantile, s) pairs: the profile's unless read_latency_s is set.
+    energy_read_latency_q: tuple[tuple[float, float], ...] = ()
 
     @property
     def gpu_profile(self) -> Profile:
@@ -135,6 +150,9 @@ class NodeSettings:
         data = json.loads(text)
         data["faults"] = tuple(Fault(**f) for f in data["faults"])
         data["refusals"] = tuple(tuple(r) for r in data["refusals"])
+        data["energy_read_latency_q"] = tuple(
+            tuple(q) for q in data.get("energy_read_latency_q", ())
+        )
         return cls(**data)
 
 
@@ -164,6 +182,11 @@ def problems(section: dict) -> list[str]:
         )
     if not 0 < resolved["power_sample_coverage"] <= 1:
         out.append(f"config key {KEY}.power_sample_coverage: must be in (0, 1]")
+    if not 0 <= resolved["counter_delay_s"] < resolved["counter_period_s"]:
+        out.append(
+            f"config key {KEY}.counter_delay_s: {resolved['counter_delay_s']} must be >= 0 and "
+            f"below the counter period ({resolved['counter_period_s']} s)"
+        )
     gpus = section["node_gpus"]
     for i, f in enumerate(section["faults"]):
         where = f"config key {KEY}.faults[{i}]"
@@ -225,6 +248,9 @@ def resolve(section: dict, epoch_ns: int) -> NodeSettings:
         epoch_ns=int(epoch_ns),
         faults=faults,
         refusals=refusals,
+        energy_read_latency_q=(
+            prof.energy_read_latency_q if section.get("read_latency_s") is None else ()
+        ),
         **values,
     )
 

@@ -114,25 +114,29 @@ class Owner:
         now = node.clock()
         self._truth: dict[int, list[tuple]] = {}
         self._energy: dict[int, float] = {}
+        self._last: dict[int, tuple[int, float, float, int]] = {}  # (t, W, MHz, reasons)
+        self._count: dict[int, int] = {}  # the state's sample count after this owner's append
+        self._idle_w = physics.owned_idle_w(self.prof)  # a context is up while it owns
         for v in self.views:
             prev = v.state.get("owner_pid")
             if prev and prev != self.pid and pid_alive(prev):
                 raise RuntimeError(
                     f"emulated GPU {v.ident.uuid} is already owned by process {prev}"
                 )
-            e0 = float(v.energy_mj(now, alive=False))  # idle since the last sample
-            v.state.set("owner_pid", self.pid)
-            v.state.set("attach_ns", now)
-            # The node's process list (nvmlDeviceGetComputeRunningProcesses) shows the owner.
-            processes.register(v.ident.uuid, self.pid, host=node.host)
-            self._append(
-                v,
-                np.array([now]),
-                np.array([e0]),
-                np.array([self.prof.idle_w]),
-                np.array([self.prof.idle_sm_mhz]),
-                np.array([physics.GPU_IDLE]),
-            )
+            with v.state.lock():
+                e0 = float(v.energy_mj(now, alive=False))  # idle since the last sample
+                v.state.set("owner_pid", self.pid)
+                v.state.set("attach_ns", now)
+                # The node's process list (nvmlDeviceGetComputeRunningProcesses) shows the owner.
+                processes.register(v.ident.uuid, self.pid, host=node.host)
+                self._append(
+                    v,
+                    np.array([now]),
+                    np.array([e0]),
+                    np.array([self.prof.idle_w]),
+                    np.array([self.prof.idle_sm_mhz]),
+                    np.array([physics.GPU_IDLE]),
+                )
         self._t = now
 
     def _append(self, v, t, e, p, clock, reasons) -> None:
@@ -141,6 +145,22 @@ class Owner:
             (t.astype(np.int64), np.asarray(e, float), np.asarray(p, float))
         )
         self._energy[v.index] = float(e[-1])
+        self._last[v.index] = (int(t[-1]), float(p[-1]), float(clock[-1]), int(reasons[-1]))
+        self._count[v.index] = v.state.get("count")
+
+    def _sync(self, v) -> None:
+        """Take in the hold samples readers appended since this owner's last append (under the
+        state's lock): the truth and the next interval start from them."""
+        new = v.state.since(self._count[v.index])
+        if len(new["t_ns"]):
+            self._truth[v.index].append(
+                (new["t_ns"].astype(np.int64), new["energy_mj"], new["power_w"])
+            )
+            self._energy[v.index] = float(new["energy_mj"][-1])
+            self._last[v.index] = (
+                int(new["t_ns"][-1]), float(new["power_w"][-1]), float(new["clock_mhz"][-1]),
+                int(new["reasons"][-1]),
+            )  # fmt: skip
 
     def step(self, now_ns: int | None = None) -> None:
         """One sample: the activity since the last one sets every owned GPU's power."""
@@ -154,22 +174,41 @@ class Owner:
     def advance(self, t_ns: np.ndarray, activity: np.ndarray) -> None:
         """Samples at times ``t_ns`` (increasing, after the last) with the activities over the
         interval before each: the bulk form of :meth:`step` (the benchmark's virtual time)."""
-        t = np.asarray(t_ns, dtype=np.int64)
-        dt = np.diff(np.concatenate([[self._t], t]))
+        t_all = np.asarray(t_ns, dtype=np.int64)
+        u_all = np.broadcast_to(np.asarray(activity, dtype=float), t_all.shape)
         for v in self.views:
-            slow = np.zeros(len(t), dtype=bool)
-            if self.node.settings.faults_of("throttle", self.node.host, v.index):
-                slow = np.array([v.in_episode("throttle", int(x)) is not None for x in t])
-            p, clock, reasons = physics.true_power(
-                self.prof, activity, v.cap_mhz(), v.power_limit_mw() / 1e3, slow
-            )
-            p = np.broadcast_to(p, t.shape).astype(np.float64)
-            e = self._energy[v.index] + np.cumsum(p * dt / 1e6)  # W * ns / 1e6 = mJ
-            self._append(
-                v, t, e, p, np.broadcast_to(clock, t.shape), np.broadcast_to(reasons, t.shape)
-            )
+            with v.state.lock():
+                self._sync(v)
+                keep = t_all > self._last[v.index][0]  # a reader's hold may be newer
+                if not keep.any():
+                    continue
+                t, u = t_all[keep], u_all[keep]
+                slow = np.zeros(len(t), dtype=bool)
+                if self.node.settings.faults_of("throttle", self.node.host, v.index):
+                    slow = np.array([v.in_episode("throttle", int(x)) is not None for x in t])
+                p, clock, reasons = physics.true_power(
+                    self.prof, u, v.cap_mhz(), v.power_limit_mw() / 1e3, slow, self._idle_w
+                )
+                self._integrate(v, t, p, clock, reasons)
             self._record_anchors(v, int(t[-1]))
+        self._t = int(t_all[-1])
+
+    def replay(self, t_ns: np.ndarray, power_w: np.ndarray) -> None:
+        """Samples of a given true power (W over the interval before each time): a recorded
+        trace replayed (tests/unit/test_emulated_h200.py), clocks at their maximum."""
+        t = np.asarray(t_ns, dtype=np.int64)
+        for v in self.views:
+            with v.state.lock():
+                self._sync(v)
+                self._integrate(v, t, np.asarray(power_w, float), self.prof.max_sm_mhz, 0)
         self._t = int(t[-1])
+
+    def _integrate(self, v, t, p, clock, reasons) -> None:
+        p = np.broadcast_to(p, t.shape).astype(np.float64)
+        dt = np.diff(np.concatenate([[self._last[v.index][0]], t]))
+        e = self._energy[v.index] + np.cumsum(p * dt / 1e6)  # W * ns / 1e6 = mJ
+        self._append(v, t, e, p, np.broadcast_to(clock, t.shape), np.broadcast_to(reasons, t.shape))
+        self._record_anchors(v, int(t[-1]))
 
     def _record_anchors(self, v, now: int) -> None:
         """E at the refresh before each counter fault's latest start, once (readers use it
@@ -183,7 +222,7 @@ class Owner:
             if start is None or v.state.anchor(slot)[0] == start[0] + 1:
                 continue
             start_ns = self.node.settings.epoch_ns + int(round(start[1] * 1e9))
-            v.state.set_anchor(slot, start[0], float(v.energy_mj(v.tick(start_ns)[1], True)))
+            v.state.set_anchor(slot, start[0], float(v.sensor_mj(*v.tick(start_ns))))
 
     # ---------------------------------------------------------------------------- thread
     def start(self) -> Owner:

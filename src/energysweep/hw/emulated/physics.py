@@ -12,9 +12,11 @@ True power (docs/emulated-node.md, "Power model"):
 Power is constant over each sample interval, so the energy integral is exact (the ground truth).
 
 Sensors: the energy counter and the power reading refresh at ticks ``epoch + k * period +
-jitter_k`` (jitter a fixed pseudo-random function of (seed, GPU, k)). The counter shows the
-energy at the latest tick; the power reading is the mean true power over the sampled part (the
-last ``coverage`` of each refresh period) of the ticks within the averaging window.
+jitter_k`` (jitter a fixed pseudo-random function of (seed, GPU, k)). The counter shows
+``gain * E(tick - delay) + offset * t + noise_k`` at the latest tick (a sensor that is not the
+truth; profiles.py fits the figures to an H200); the power reading is the mean true power over
+the sampled part (the last ``coverage`` of each refresh period) of the ticks within the
+averaging window, times its own gain.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ HW_SLOWDOWN = 0x8
 SUPPORTED_REASONS = GPU_IDLE | APPLICATIONS_CLOCKS_SETTING | SW_POWER_CAP | HW_SLOWDOWN
 
 
-def true_power(prof: Profile, activity, cap_mhz, limit_w, slowdown):
+def true_power(prof: Profile, activity, cap_mhz, limit_w, slowdown, idle_w=None):
     """(power W, SM clock MHz, reason bits) for each sample (numpy-broadcast arguments).
 
     Args:
+        idle_w: the idle floor (default the profile's idle without a CUDA context; an owner
+            passes :func:`owned_idle_w`).
         activity: busy fraction(s) in [0, 1] (clipped).
         cap_mhz: highest SM clock allowed by locked and application clocks.
         limit_w: the enforced power limit.
@@ -48,12 +52,13 @@ def true_power(prof: Profile, activity, cap_mhz, limit_w, slowdown):
     slowdown = np.asarray(slowdown, dtype=bool)
     cap = np.asarray(cap_mhz, dtype=float)
     f = np.where(slowdown, np.minimum(cap, prof.max_sm_mhz * THROTTLE_CLOCK_FRACTION), cap)
-    dyn_max = prof.busy_w - prof.idle_w
-    power = prof.idle_w + dyn_max * u * (f / prof.max_sm_mhz) ** 3
-    limit = np.maximum(np.asarray(limit_w, dtype=float), prof.idle_w)
+    idle = prof.idle_w if idle_w is None else idle_w
+    dyn_max = prof.busy_w - idle
+    power = idle + dyn_max * u * (f / prof.max_sm_mhz) ** 3
+    limit = np.maximum(np.asarray(limit_w, dtype=float), idle)
     capped = power > limit
     with np.errstate(divide="ignore", invalid="ignore"):
-        f_at_limit = prof.max_sm_mhz * np.cbrt((limit - prof.idle_w) / (dyn_max * u))
+        f_at_limit = prof.max_sm_mhz * np.cbrt((limit - idle) / (dyn_max * u))
     f = np.where(capped, np.minimum(f, f_at_limit), f)
     power = np.where(capped, limit, power)
     busy = u >= IDLE_ACTIVITY
@@ -65,6 +70,12 @@ def true_power(prof: Profile, activity, cap_mhz, limit_w, slowdown):
         | np.where(busy & ~capped & (cap < prof.max_sm_mhz), APPLICATIONS_CLOCKS_SETTING, 0)
     )
     return power, clock, reasons.astype(np.int64)
+
+
+def owned_idle_w(prof: Profile) -> float:
+    """Idle power of a GPU with a CUDA context up (its owner's): the H200 idles at 79 W
+    without one and 124 W with one (profiles.py); profiles without the figure idle alike."""
+    return prof.idle_w if prof.context_idle_w is None else prof.context_idle_w
 
 
 def _to_supported(prof: Profile, f):
@@ -134,6 +145,27 @@ def last_tick(t_ns, epoch_ns: int, period_ns: int, jitter_ns: int, key: int):
         best_k = np.where(take, k, best_k)
         best_t = np.where(take, tk, best_t)
     return best_k, best_t
+
+
+def noise_mj(k, key: int, sigma_mj: float) -> np.ndarray:
+    """Sensor noise on the counter value published at refresh ``k`` (array): a standard normal
+    (Box-Muller over two hashes of (key, k)) times ``sigma_mj``, the same for every reader."""
+    k = np.asarray(k, dtype=np.int64)
+    if not sigma_mj:
+        return np.zeros(k.shape)
+    with np.errstate(over="ignore"):
+        h1 = _splitmix64(np.uint64(key) ^ (k.astype(np.uint64) * np.uint64(2) + np.uint64(1)))
+        h2 = _splitmix64(h1)
+    u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 1.0) / float(1 << 53)  # (0, 1]
+    u2 = (h2 >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return sigma_mj * np.sqrt(-2 * np.log(u1)) * np.cos(2 * np.pi * u2)
+
+
+def latency_s(table, u: float) -> float:
+    """The read latency at probability ``u`` in [0, 1] of a (quantile, seconds) table: the
+    inverse CDF, linear between the table's quantiles."""
+    qs = [q for q, _ in table]
+    return float(np.interp(u, qs, [s for _, s in table]))
 
 
 def power_reading_w(

@@ -37,6 +37,20 @@ class Profile:
     power_sample_coverage: float  # fraction of each refresh period the power sensor samples
     read_latency_s: float  # time one reading call (energy, power, field values) takes
     sources: dict[str, str] = field(default_factory=dict)
+    # Measured behaviour (h200-sxm; the defaults keep a profile without measurements as it was).
+    context_idle_w: float | None = None  # idle with a CUDA context up (None: idle_w)
+    # Energy read latency as (quantile, seconds) pairs, sampled by inverse CDF (empty: fixed
+    # read_latency_s); power, field and clock reads then take fast_read_latency_s.
+    energy_read_latency_q: tuple[tuple[float, float], ...] = ()
+    fast_read_latency_s: float | None = None
+    # The sensors against the truth: counter = gain x E(t - delay) + offset x t + noise.
+    counter_gain: float = 1.0
+    counter_offset_w: float = 0.0
+    counter_noise_mj: float = 0.0  # std of the white noise on each published counter value
+    counter_delay_s: float = 0.0  # the counter published at a refresh shows E this much earlier
+    average_gain: float = 1.0  # nvmlDeviceGetPowerUsage / true power (over its window)
+    instant_gain: float = 1.0  # NVML_FI_DEV_POWER_INSTANT / true power
+    memory_idle_w: float | None = None  # HBM power, reported apart (memory scope; None: absent)
 
     def supported_sm_mhz(self) -> list[int]:
         """Graphics clocks the GPU supports, highest first (what the real call returns)."""
@@ -123,6 +137,94 @@ PROFILES: dict[str, Profile] = {
         },
     ),
 }
+
+
+# Fitted by bench/fit_h200_profile.py to ../shared/data/h200/ (one H200, driver 580.159.04;
+# reference/real-gpu-h200.md); each figure is the script's output line named in its source.
+_H200_FIT = "bench/fit_h200_profile.py on data/h200/"
+H200_ENERGY_READ_LATENCY_Q = (
+    (0.0, 0.002185),
+    (0.1, 0.002211),
+    (0.25, 0.002305),
+    (0.5, 0.002647),
+    (0.75, 0.003713),
+    (0.9, 0.006281),
+    (0.95, 0.008485),
+    (0.99, 0.017429),
+    (0.999, 0.028363),
+    (1.0, 0.185475),
+)
+
+PROFILES["h200-sxm"] = Profile(
+    key="h200-sxm",
+    name="NVIDIA H200",
+    architecture="NVML_DEVICE_ARCH_HOPPER",
+    compute_capability=(9, 0),
+    pci_device_id=0x233510DE,
+    memory_total_bytes=143771 * 2**20,
+    idle_w=79.0,
+    context_idle_w=124.3,
+    busy_w=715.0,
+    default_limit_w=700.0,
+    min_limit_w=200.0,
+    max_limit_w=700.0,
+    max_sm_mhz=1980,
+    min_sm_mhz=345,
+    idle_sm_mhz=345,
+    sm_step_mhz=15,
+    mem_mhz=(3201,),
+    counter_period_s=0.0999,
+    counter_jitter_s=0.0018,
+    power_avg_window_s=1.0,
+    power_sample_coverage=1.0,
+    read_latency_s=0.002647,
+    energy_read_latency_q=H200_ENERGY_READ_LATENCY_Q,
+    fast_read_latency_s=0.000002,
+    counter_gain=0.9967,
+    counter_offset_w=0.0,
+    counter_noise_mj=68.7,
+    counter_delay_s=0.0071,
+    average_gain=0.9877,
+    instant_gain=1.0,
+    memory_idle_w=41.0,
+    sources={
+        "name": "nvmlDeviceGetName of the measured H200 (reference/real-gpu-h200.md)",
+        "memory_total_bytes": "the measured H200: 141 GB HBM3e (143771 MiB)",
+        "idle_w": f"{_H200_FIT}: true_idle_w (counter over the 100 Hz reader's idle seconds "
+        "with no CUDA context, 78.7 W, over counter_gain; nvidia-smi read 80 W)",
+        "context_idle_w": f"{_H200_FIT}: true_context_idle_w (context up, nothing running: "
+        "counter 123.9 W; averaged power 122.4 W); the step comes with the context",
+        "busy_w": "the probe's 8192^2 bf16 matmuls: ~715 W sustained (transients to 930 W)",
+        "default_limit_w": "the measured H200: 700 W default and max, 200 W min",
+        "min_limit_w": "the measured H200: 200 W",
+        "max_sm_mhz": "H200 SXM datasheet: max boost 1980 MHz (the sweep's windows read 1980)",
+        "mem_mhz": "H200 SXM: HBM3e at 3201 MHz (estimate from the datasheet's 4.8 TB/s)",
+        "counter_period_s": f"{_H200_FIT}: median refresh interval (177 refreshes; "
+        "p10 98.1 ms, p90 101.8 ms)",
+        "counter_jitter_s": f"{_H200_FIT}: half the p10-p90 spread of the refresh intervals",
+        "power_avg_window_s": f"{_H200_FIT}: best replay of the probe's averaged power "
+        "(rms 20.8 W; the 125 -> 715 W step read 227, 407, 517, 587 W at +0.5..+1.25 s)",
+        "power_sample_coverage": f"{_H200_FIT}: best replay: the whole period is sampled",
+        "read_latency_s": f"{_H200_FIT}: median nvmlDeviceGetTotalEnergyConsumption "
+        "(the latency a config's read_latency_s replaces the distribution with)",
+        "energy_read_latency_q": f"{_H200_FIT}: quantiles of 4,492 energy reads in a tight "
+        "loop (median 2.6 ms, p90 6.3 ms, p99 17 ms, the first read 185 ms)",
+        "fast_read_latency_s": "reference/real-gpu-h200.md: power, field and clock reads "
+        "2-4 us median",
+        "counter_gain": f"{_H200_FIT}: counter_gain = 1 / (integral of instant power over "
+        "the counter, 1.0033 over the 17.5 s probe): the instant field taken as the truth",
+        "counter_offset_w": "no figure: the traces hold no truth independent of the sensors",
+        "counter_noise_mj": f"{_H200_FIT}: 1.4826 MAD of 348 per-refresh increments at "
+        "steady context idle, / sqrt 2 (white noise on each published value)",
+        "counter_delay_s": f"{_H200_FIT}: the counter's step against the load's CPU stamp at "
+        "the two clean load-on edges (7.8, 6.3 ms; an upper bound, it holds kernel launch)",
+        "average_gain": f"{_H200_FIT}: integral of averaged power over the counter (0.991) "
+        "x counter_gain",
+        "instant_gain": "the instant field is the emulator's truth (counter_gain's source)",
+        "memory_idle_w": "reference/real-gpu-h200.md: nvidia-smi 'GPU Memory Power "
+        "Readings' 41 W at idle (a constant: no figure under load)",
+    },
+)
 
 
 def profile(key: str) -> Profile:

@@ -2,8 +2,10 @@
 
 ``<state dir>/<host>/gpu<i>.state`` holds a header (owner, settings a privileged caller changed,
 fault anchors) and an append-only ring of samples in columns (wall time ns, true energy mJ since
-the node's epoch, power W, SM clock MHz, clock event reasons). Exactly one process, the GPU's
-owner (hw/emulated/owner.py), appends; it writes a sample before it raises the count, so a
+the node's epoch, power W, SM clock MHz, clock event reasons). The GPU's owner
+(hw/emulated/owner.py) appends, and so does a reader that reads past the owner's newest sample
+(one sample holding its power, hw/emulated/node.py), both under :meth:`GpuState.lock`; a writer
+writes a sample before it raises the count, so a
 reader that reads the count first sees only complete samples (x86 stores are not reordered, and
 8-byte aligned loads and stores are whole). Readers never use the ``MARGIN`` oldest samples of a
 full ring, which the owner may be overwriting.
@@ -13,9 +15,12 @@ A GPU nobody owns (no owner yet, or its owner exited) draws idle power from its 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import mmap
 import os
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +96,8 @@ class GpuState:
         finally:
             os.close(fd)
         self.capacity = self.get("capacity")
+        self._lock_fd = os.open(self.path, os.O_RDWR)
+        self._thread_lock = threading.Lock()
         self._cols = {}
         offset = HEADER_BYTES
         for name, dtype in COLUMNS:
@@ -106,7 +113,26 @@ class GpuState:
                 raise RuntimeError(f"{self.path} is not an emulated GPU state file")
             time.sleep(0.001)
 
+    @contextlib.contextmanager
+    def lock(self):
+        """Exclusive appending, across the job's processes (flock) and threads: the owner's
+        samples and a reader's hold sample (hw/emulated/node.py) never interleave."""
+        with self._thread_lock:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def since(self, count0: int) -> dict[str, np.ndarray]:
+        """The samples appended after the first ``count0`` (column -> array; oldest first)."""
+        count = self.get("count")
+        idx = np.arange(max(count0, count - self.capacity + MARGIN), count) % self.capacity
+        return {k: c[idx].copy() for k, c in self._cols.items()}
+
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
         self._cols = {}
         try:
             self._mm.close()

@@ -12,13 +12,19 @@ A load run sends requests at one load point and brackets one energy window on it
 - **ramp**: the window opens once ``ramp_requests`` requests have finished (by then the server has
   admitted, run and retired that many, so its batch has filled and turned over once);
 - **window**: it closes when it has lasted ``min_window_s`` *and* at least ``min_requests``
-  requests finished inside it; no request is sent after it closed;
+  requests finished inside it. The load goes on at its level until the close edge's counters
+  are read (they wait for the GPU counters' next refreshes, after the edge: the edge correction
+  then sees the window's own power, not the drain's), then no request is sent;
 - **drain**: the earliest ``capacity`` requests still in flight (those the engine was running,
   first come first served) are awaited; the rest, still queued, are cancelled (recorded, never
   counted as errors): all outside the window.
 
-``on_open``/``on_close`` are called at the window's edges (they read the energy counters, the
-server's CPU time and its /metrics counters); nothing else runs between them but the load.
+``on_open``/``on_close`` are the window's edges (they wait for the energy counters' refreshes and
+read them, the server's CPU time and its /metrics counters). They run in a worker thread, so the
+event loop goes on sending requests and timing what the server sends back while they wait; each
+stamps its edge (``mark``) on the load's clock, and that stamp is the window's edge for
+everything: requests, tokens, rates, SLO hits, queue samples and energy. The window lasts at
+least ``min_window_s`` from the open stamp.
 :func:`.stats.window_stats` then counts what happened inside the window from the
 request records: requests finished, tokens emitted (each token placed at the time its chunk
 arrived), prompt tokens of requests whose first token came inside it, latency percentiles.
@@ -144,7 +150,13 @@ class LoadRun:
 
 
 class _Window:
-    """The ramp/window state machine, advanced at every request's end."""
+    """The ramp/window state machine, advanced at every request's end.
+
+    The edges' work (``on_open``/``on_close``: waiting for counter refreshes, reading counters)
+    runs in a worker thread, never on the event loop: requests go on being sent, served and
+    timed while it runs. Each edge function calls its ``mark`` once, at the edge itself; the
+    window is [open mark, close mark], for the requests as for the energy.
+    """
 
     def __init__(
         self, ramp_requests: int, min_window_s: float, min_requests: int, clock, on_open, on_close
@@ -154,43 +166,74 @@ class _Window:
         self.min_requests = max(1, min_requests)
         self.clock = clock
         self.on_open, self.on_close = on_open, on_close
-        self.finished = 0
+        self.ends: list[float] = []  # when each request finished (client's clock)
         self.in_window = 0
         self.open_s: float | None = None
         self.close_s: float | None = None
-        self.opened = self.closed = None
-        self.closed_event = asyncio.Event()
+        self.opened: object = None  # what the edges' work returned
+        self.closed: object = None
+        self.closing = False  # the window is due to close: its close edge is being read
+        self.closed_event = asyncio.Event()  # the close edge is read: nothing more is sent
+        self._edges: list[asyncio.Future] = []
         self._timer: asyncio.TimerHandle | None = None
 
-    def request_done(self) -> None:
-        self.finished += 1
-        if self.close_s is not None:
-            return
-        if self.open_s is None:
-            if self.finished >= self.ramp:
-                self.open_s = self.clock()
-                self.opened = self.on_open()
-                self._timer = asyncio.get_running_loop().call_later(self.min_window_s, self.check)
-            return
-        self.in_window += 1
+    def request_done(self, t: float) -> None:
+        self.ends.append(t)
+        if not self._edges and len(self.ends) >= self.ramp:
+            self._edges.append(asyncio.ensure_future(self._open()))
+        elif self.open_s is not None and self.close_s is None:
+            self.in_window += 1
+            self.check()
+
+    async def _edge(self, work) -> tuple[float, object]:
+        """Runs ``work(mark)`` in a worker thread; the clock at its mark, and its result."""
+        marks: list[float] = []
+
+        def mark() -> None:
+            marks.append(self.clock())
+
+        result = await asyncio.get_running_loop().run_in_executor(None, work, mark)
+        if len(marks) != 1:
+            raise RuntimeError(f"a window edge marked {len(marks)} times (expected once)")
+        return marks[0], result
+
+    async def _open(self) -> None:
+        try:
+            open_s, self.opened = await self._edge(self.on_open)
+        except BaseException:
+            self.closed_event.set()  # no window: stop sending (run_load raises the error)
+            raise
+        self.open_s = open_s
+        self.in_window = sum(t >= open_s for t in self.ends)  # ended while the edge was read
+        wait = max(0.0, self.min_window_s - (self.clock() - open_s))
+        self._timer = asyncio.get_running_loop().call_later(wait, self.check)
         self.check()
 
     def check(self) -> None:
-        if self.close_s is not None or self.open_s is None:
+        if self.closing or self.closed_event.is_set() or self.open_s is None:
             return
         long_enough = self.clock() - self.open_s >= self.min_window_s
         if long_enough and self.in_window >= self.min_requests:
-            self.close_s = self.clock()
-            self.closed_event.set()  # no request is sent after this
-            self.closed = self.on_close()
+            self.closing = True
+            self._edges.append(asyncio.ensure_future(self._close()))
 
-    def cancel(self) -> None:
+    async def _close(self) -> None:
+        try:
+            self.close_s, self.closed = await self._edge(self.on_close)
+        finally:
+            self.closed_event.set()  # the load stops once the close edge is read
+
+    async def edges_done(self) -> None:
+        """Awaits the edges' work (an edge's error is raised here)."""
         if self._timer is not None:
             self._timer.cancel()
+        await asyncio.gather(*self._edges)
 
 
 Sender = Callable[[int, list[int]], Awaitable[RequestRecord]]
 Arrivals = Callable[[int, float, float], AsyncIterator[None]]
+# A window edge's work: blocking, run in a worker thread; calls its argument once, at the edge.
+Edge = Callable[[Callable[[], None]], object]
 
 
 async def run_load(
@@ -198,8 +241,8 @@ async def run_load(
     prompts: list[list[int]],
     send: Sender,
     arrivals: Arrivals,
-    on_open: Callable[[], object],
-    on_close: Callable[[], object],
+    on_open: Edge,
+    on_close: Edge,
     *,
     ramp_requests: int,
     min_window_s: float,
@@ -216,7 +259,8 @@ async def run_load(
         send: sends request ``i`` with its prompt and returns its record (never raises).
         arrivals: ``arrivals(n, rate, burstiness)`` yields once per arrival, sleeping between
             them (:func:`vllm_arrivals`); used by ``rate`` points.
-        on_open, on_close: called at the window's edges; their results are kept.
+        on_open, on_close: the window's edges (:data:`Edge`: run in a worker thread, each calls
+            its ``mark`` at the edge); their results are kept.
         ramp_requests: requests that must finish before the window opens.
         min_window_s, min_requests: the window's shortest length and fewest finished requests.
         capacity: requests the engine runs at once (batch cap x dp): the drain's bound.
@@ -238,7 +282,7 @@ async def run_load(
         records.append(rec)
         tasks.pop(i, None)
         if not rec.cancelled:
-            win.request_done()
+            win.request_done(rec.finished_s)
         if progress is not None:
             progress()
 
@@ -253,7 +297,7 @@ async def run_load(
     else:
         bound = max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * capacity)
         await _open_loop(point, arrivals, _bounded(launch, tasks, bound, dropped, clock), win)
-    win.cancel()
+    await win.edges_done()
     await _drain(tasks, capacity)
     records.sort(key=lambda r: r.index)
     last_end = max([r.finished_s for r in records] or [first_send])

@@ -1,4 +1,4 @@
-"""What a serving window reads besides the energy counters: the server's CPU time and its queue.
+"""What a serving window reads besides the energy counters: the server's CPU time, queue, count.
 
 - :class:`ServerCpuTime`: user + system CPU seconds of every process of the server (not of the
   client) over a window, from ``/proc/PID/stat``; a process that exits inside the window loses
@@ -6,15 +6,18 @@
 - :func:`parse_metrics`: the server's Prometheus ``/metrics`` text, each wanted series summed
   over its label sets (one per engine of a DP server);
 - :class:`QueueSamples`: /metrics gauges sampled during a load run (requests running in the
-  engine, requests waiting in its queue), summarised over a window.
+  engine, requests waiting in its queue), summarised over a window;
+- :func:`server_count`: the requests the server itself completed inside a window (its counter
+  read at both edges), a cross-check of the client's own count.
 
 Which series a backend's server exports is its registry record's (energysweep.job.backends
-``server_metrics``); a backend with none records its queue columns as unavailable.
+``server_metrics``); a backend with none records its queue columns and its count as unavailable.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +27,8 @@ from energysweep.job.backends import backend
 
 def metrics_names(backend_name: str) -> dict[str, str] | None:
     """``{key: series}`` of the backend's /metrics (its registry record's ``server_metrics``:
-    running, waiting, queue-time sum and count); None where its server's are not parsed."""
+    running, waiting, queue-time sum and count, requests completed); None where its server's
+    are not parsed."""
     return backend(backend_name).metrics_names()
 
 
@@ -57,19 +61,41 @@ class ServerCpuTime(EnergySource[float]):
         return sum(t - self._start.get(p, 0) for p, t in now.items()) / self._hz
 
 
+def _series(spec: str) -> tuple[str, dict[str, set[str]]]:
+    """A wanted series: its name and label filters (``name{label=~"a|b"}``: label a or b)."""
+    name, _, rest = spec.partition("{")
+    filters: dict[str, set[str]] = {}
+    for item in filter(None, rest.rstrip("}").split(",")):
+        label, _, values = item.partition("=~")
+        filters[label.strip()] = set(values.strip().strip('"').split("|"))
+    return name.strip(), filters
+
+
+def _labels(head: str) -> dict[str, str]:
+    _, _, rest = head.partition("{")
+    return dict(re.findall(r'(\w+)="([^"]*)"', rest))
+
+
 def parse_metrics(text: str, wanted: dict[str, str]) -> dict[str, float]:
-    """``{key: value}`` for each ``wanted`` series (key -> metric name), summed over its label
-    sets; a series absent from ``text`` is left out."""
-    names = {v: k for k, v in wanted.items()}
+    """``{key: value}`` for each ``wanted`` series (key -> metric name, optionally with label
+    filters: ``name{label=~"a|b"}``), summed over its label sets (those the filters pass); a
+    series absent from ``text`` is left out."""
+    specs: dict[str, list[tuple[str, dict[str, set[str]]]]] = {}
+    for key, spec in wanted.items():
+        name, filters = _series(spec)
+        specs.setdefault(name, []).append((key, filters))
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         head, _, value = line.rpartition(" ")
         name = head.split("{", 1)[0].strip()
-        if name in names:
+        for key, filters in specs.get(name, ()):
+            labels = _labels(head) if filters else {}
+            if any(labels.get(k) not in v for k, v in filters.items()):
+                continue
             try:
-                out[names[name]] = out.get(names[name], 0.0) + float(value)
+                out[key] = out.get(key, 0.0) + float(value)
             except ValueError:
                 continue
     return out
@@ -115,3 +141,27 @@ def queue_time_mean_s(opened: dict | None, closed: dict | None) -> float | None:
     except KeyError:
         return None
     return total / count if count > 0 else None
+
+
+# The longest a /metrics read may take from its edge for the server's count to stand for the
+# window: a server too busy to answer within it counts requests that ended after the edge.
+SERVER_COUNT_MAX_READ_S = 0.1
+
+
+def server_count(opened: dict | None, closed: dict | None, wanted: dict | None):
+    """Requests the server itself counts as completed between the window's edges (its /metrics
+    counter read at both; ``read_s``: how long after its edge each read answered), and why it is
+    None when it is: ``(count, reason)``."""
+    if wanted is None or "requests_completed" not in wanted:
+        return None, "this server's /metrics is not parsed"
+    if not opened or not closed:
+        return None, "/metrics not readable at an edge"
+    if "requests_completed" not in opened or "requests_completed" not in closed:
+        return None, f"no {_series(wanted['requests_completed'])[0]} in /metrics"
+    slow = max(opened.get("read_s", 0.0), closed.get("read_s", 0.0))
+    if slow > SERVER_COUNT_MAX_READ_S:
+        return None, (
+            f"/metrics answered {1e3 * slow:.0f} ms after an edge "
+            f"(> {1e3 * SERVER_COUNT_MAX_READ_S:.0f} ms)"
+        )
+    return int(round(closed["requests_completed"] - opened["requests_completed"])), None

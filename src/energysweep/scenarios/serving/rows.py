@@ -17,13 +17,14 @@ LATENCIES = [f"{m}_p{q}_s" for m in ("ttft", "tpot", "itl", "e2e") for q in (50,
 
 def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: Workload) -> dict:
     """A serving window's columns (tables/shards.py "Serving" group)."""
-    queue_missing = stats.get("achieved_concurrency") is None
+    missing = []
     if "queue_samples" not in stats:
-        status = "queue-unavailable (this server's /metrics is not parsed)"
-    elif queue_missing:
-        status = "queue-unavailable (no /metrics sample inside the window)"
-    else:
-        status = "ok"
+        missing.append("queue-unavailable (this server's /metrics is not parsed)")
+    elif stats.get("achieved_concurrency") is None:
+        missing.append("queue-unavailable (no /metrics sample inside the window)")
+    if stats.get("server_count_missing"):
+        missing.append(f"server-count-unavailable ({stats['server_count_missing']})")
+    status = "; ".join(missing) or "ok"
     return {
         "load": point.key,
         "load_mode": point.mode,
@@ -55,6 +56,7 @@ def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: Workl
                 "queue_waiting_mean",
                 "queue_waiting_max",
                 "queue_time_mean_s",
+                "server_requests_completed",
             )
         },
         "ramp_s": run.ramp_s,

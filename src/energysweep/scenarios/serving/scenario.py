@@ -9,7 +9,9 @@ One process (the client, our code) runs the whole job. Per batch cap (the engine
    prompts (``generations.parquet``: they must equal the offline engine's);
 2. per repetition, for every load level in ascending order: a cooldown, then one load run
    (:mod:`.load`): ramp, a window on the steady state bracketed by the energy counters,
-   the server's CPU time and its /metrics counters, then the drain;
+   the server's CPU time and its /metrics counters (:mod:`.edges`, read off the event loop, so
+   the load goes on and every request is timed while the counters are awaited), then the
+   drain;
 3. stop the server (every one of its processes) and copy its log into the rule's log.
 
 The idle baseline is measured once per job with the first server up, warmed up and idle. A grid
@@ -26,7 +28,6 @@ import signal
 import time
 from pathlib import Path
 
-from energysweep.energy import wall_ns
 from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
 from energysweep.scenarios.base import Scenario
@@ -37,6 +38,7 @@ from energysweep.scenarios.serving.client import (
     vllm_arrivals,
     vllm_sender,
 )
+from energysweep.scenarios.serving.edges import WindowEdges
 from energysweep.scenarios.serving.load import CONCURRENCY, RATE, LoadPoint, run_load
 from energysweep.scenarios.serving.probes import (
     QueueSamples,
@@ -44,6 +46,7 @@ from energysweep.scenarios.serving.probes import (
     metrics_names,
     parse_metrics,
     queue_time_mean_s,
+    server_count,
 )
 from energysweep.scenarios.serving.stats import request_phase, window_stats
 from energysweep.tables import requests
@@ -219,7 +222,6 @@ class ServingScenario(Scenario):
     # ------------------------------------------------------------------ one load run
     def measure_load(self, cap: int, rep: int, point: LoadPoint) -> list[dict]:
         """One load run at ``point``: its window's rows (one per GPU reading)."""
-        m = self.monitor
         wanted = metrics_names(self.backend_name)
         metrics_url = f"{self.live.base_url}/metrics"
 
@@ -229,41 +231,12 @@ class ServingScenario(Scenario):
             status, text = http_get(metrics_url, timeout_s=5)
             return parse_metrics(text, wanted) if status == 200 else None
 
-        def on_open():
-            # GPU settings and node energy are read outside the edges, as measure_window does,
-            # and the GPU counters' refreshes awaited (energy/ticks.py) before the start edge:
-            # the edge is where the counters' start values are taken.
-            settings = m.settings.read()
-            processes = m.processes.read()
-            m.node.begin()
-            m.energy.prepare()
-            start = wall_ns()
-            m.energy.begin()
-            m.host.begin()
-            self.server_cpu.begin()
-            return {
-                "wall_ns": start,
-                "metrics": read_counters(),
-                "settings": settings,
-                "processes": processes,
-            }
-
-        def on_close():
-            end = wall_ns()
-            readings, host, cpu_s = m.energy.end(), m.host.end(), self.server_cpu.end()
-            return {
-                "wall_ns": end,
-                "readings": readings,
-                "host": host,
-                "cpu_s": cpu_s,
-                "metrics": read_counters(),
-                "settings": m.settings.read(),
-                "processes": m.processes.read(),
-                "node": m.node.end(),
-            }
-
         queue = QueueSamples()
-        run = asyncio.run(self._load(point, cap, on_open, on_close, queue, wanted))
+        edges = WindowEdges(self.monitor, self.server_cpu, read_counters)
+        try:
+            run = asyncio.run(self._load(point, cap, edges, queue, wanted))
+        finally:
+            edges.shutdown()
         self.live.check()
         settle_s = self._settle(read_counters)
         if run.open_s is None or run.close_s is None:
@@ -275,7 +248,11 @@ class ServingScenario(Scenario):
             # Of the requests kept in flight, the share not waiting in the server's queue.
             waiting = stats.get("queue_waiting_mean")
             stats["load_sustained"] = None if waiting is None else 1.0 - waiting / point.level
-        stats["queue_time_mean_s"] = queue_time_mean_s(run.opened["metrics"], run.closed["metrics"])
+        opened, closed = run.opened["metrics"], run.closed["metrics"]
+        stats["queue_time_mean_s"] = queue_time_mean_s(opened, closed)
+        stats["server_requests_completed"], stats["server_count_missing"] = server_count(
+            opened, closed, wanted
+        )
         self._log_requests(cap, point, rep, run.records, None, run)
         self.timing["load_runs"].append(
             {
@@ -312,7 +289,7 @@ class ServingScenario(Scenario):
             slo.tpot_ms / 1e3 if slo.tpot_ms is not None else None,
         )
 
-    async def _load(self, point, cap, on_open, on_close, queue: QueueSamples, wanted):
+    async def _load(self, point, cap, edges: WindowEdges, queue: QueueSamples, wanted):
         seed = int(self.job.seed) + self._run_index
         self._run_index += 1
         async with self._session() as session:
@@ -326,8 +303,8 @@ class ServingScenario(Scenario):
                     self.token_prompts,
                     send,
                     vllm_arrivals(seed),
-                    on_open,
-                    on_close,
+                    edges.open,
+                    edges.close,
                     ramp_requests=int(self.sv.ramp_requests or cap * self.ctx.layout.dp),
                     min_window_s=self.min_window_s,
                     min_requests=int(self.wl.iterations),

@@ -148,13 +148,22 @@ PROFILE ?= profiles/local
 preflight: $(STAMP)
 	$(if $(filter profiles/local,$(PROFILE)),$(NO_SLURM)) $(SNAKEMAKE) --profile $(PROFILE) --forcerun preflight_node preflight
 
-# Calibration on a real GPU node (docs/emulated-node.md, "Real GPU calibration"): preflight, a
-# short cross-check sweep, and the measured counter period, read latency, idle power and
-# timeline/counter ratio beside the emulated profile's values (results/gpu-check.json).
-# GPU_CHECK_ARGS=--emulated runs it on the emulated node instead (a test of the command).
+# The real-GPU acceptance (docs/emulated-node.md, "Real GPU calibration"): preflight, a short
+# sweep at publishable settings (config/gpu-check.yaml) with an independent reader of the energy
+# counter beside it, and a table of our window energy and Zeus's against that reader, idle power,
+# the shared-GPU check, valid points and reasons, window fraction (results/gpu-check.json; the
+# sweep's files in results/gpu-check/). GPU_CHECK_ARGS=--emulated runs it on the emulated node.
+# USE_SYSTEM_PYTHON=1 runs it with $(PYTHON) as it is, no .venv (a GPU node whose PyTorch comes
+# with the machine: Snakemake, Zeus and pandas must be importable, e.g. through PYTHONPATH;
+# scripts/device_gpu_check.sh does that); src/ is put on PYTHONPATH.
 GPU_CHECK_ARGS ?=
+ifeq ($(USE_SYSTEM_PYTHON),1)
+gpu-check:
+	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(NO_SLURM) $(PYTHON) -m energysweep.validity.gpu_check --workflow $(CURDIR) $(GPU_CHECK_ARGS)
+else
 gpu-check: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(NO_SLURM) $(BIN)/python -m energysweep.validity.gpu_check --workflow $(CURDIR) $(GPU_CHECK_ARGS)
+endif
 
 dryrun: $(STAMP)
 	$(NO_SLURM) $(SNAKEMAKE) -n --profile profiles/local

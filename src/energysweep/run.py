@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                 **monitor.idle_timing(),
                 "window_s": window_ns[0] / 1e9,
                 "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
+                "warmup": scenario.warmups,  # each point's, on rank 0 (measure.warmup)
                 "backend_startup": startups if any(startups) else None,
-                # Serving: each server's start, warm-up and stop, each load run's ramp, window
-                # and drain (bench/serving_overhead.py reads them).
+                # Serving: each server's start/warm-up/stop, each load run's ramp/window/drain.
                 "serving": getattr(scenario, "timing", None),
             },
             job_table_rows,

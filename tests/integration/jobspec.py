@@ -24,6 +24,9 @@ FAST = {
     "sampler_hz": 0,
     "device": "cpu",
 }
+# Windows of a few iterations (the schema asks for 32, what a publishable point needs).
+FAST_WORKLOAD = {"iterations": 2}
+FAST_TRAINING = {"steps": 4}
 
 
 def validated_config(**sections) -> dict:
@@ -47,15 +50,21 @@ def job_spec(
     gpu_clock: str | None = None,
     **config,
 ) -> JobSpec:
-    """The spec of one job of the tiny model; ``measurement`` overrides :data:`FAST`, the other
-    sections override the schema's defaults, ``config`` sets top-level keys (``dtype``, ...).
+    """The spec of one job of the tiny model; ``measurement`` overrides :data:`FAST`, ``workload``
+    and ``training`` :data:`FAST_WORKLOAD` and :data:`FAST_TRAINING`, the other sections the
+    schema's defaults, ``config`` sets top-level keys (``dtype``, ...).
     ``layout`` defaults to one rank; ``power_limit_w``/``gpu_clock`` are the key's GPU setting
     axes as text (None: not swept), their values in ``config``'s ``gpu`` section."""
     layout = layout or ParallelLayout()
     cfg = validated_config(
-        workload={"batch_sizes": list(batch_sizes), "repetitions": reps, **(workload or {})},
+        workload={
+            "batch_sizes": list(batch_sizes),
+            "repetitions": reps,
+            **FAST_WORKLOAD,
+            **(workload or {}),
+        },
         measurement={**FAST, **(measurement or {})},
-        training=training or {},
+        training={**FAST_TRAINING, **(training or {})},
         engine=engine or {},
         **config,
     )

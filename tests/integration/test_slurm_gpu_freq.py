@@ -35,6 +35,9 @@ CONFIG = {
     "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1},
     "measurement": {"device": "cuda", "min_window_s": 0.01, "idle_baseline_s": 0},
     "gpu": {"clock": ["medium"]},
+    # A CUDA sweep of 1 repetition of 0.01 s windows can give no valid point: refused unless
+    # exploratory (energysweep.sweep.can_be_valid); this test is about --gpu-freq.
+    "validity": {"exploratory": True},
 }
 
 

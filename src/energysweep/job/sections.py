@@ -135,6 +135,7 @@ class Measurement:
     cooldown_s: float
     sampler_hz: float
     prefill_pass: bool
+    warmup_max_s: float | None
     require_energy: str
 
 

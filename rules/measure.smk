@@ -29,6 +29,8 @@ rule measure:
         tasks=get_tasks,
         tasks_per_gpu=get_tasks_per_gpu,
         mem_mb=get_mem_mb,
+        # The attempt, for the job's log (a retry overwrites it); no scheduler reads it.
+        attempt=get_attempt,
         # gpu.clock as `--gpu-freq` and a slurm-prolog power limit as `--constraint`
         # (energysweep.sweep.gpu_axes); None adds no flag. Ignored off Slurm.
         slurm_extra=get_slurm_extra,

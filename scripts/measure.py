@@ -13,6 +13,10 @@ with step_log(sm.log[0], sm.rule) as log:
     from energysweep.job.spec import JobDir, JobSpec
     from energysweep.launch.job import run_job
 
+    # A retry (profile `retries`) overwrites the log: say which attempt this one is.
+    attempt = sm.resources.attempt
+    retry = " (a retry: the previous attempt failed)" if attempt > 1 else ""
+    print(f"measure job, attempt {attempt}{retry}", flush=True)
     spec = JobSpec.from_json(dict(sm.params.spec))
     job_dir = JobDir.of(sm.output.job)
     # The rule's outputs are JobDir's paths (rules/measure.smk); a mismatch is a bug here. The

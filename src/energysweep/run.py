@@ -27,6 +27,7 @@ from energysweep.hw import nvml as hw_nvml
 from energysweep.job.backends import SERVING
 from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
+from energysweep.measure import progress
 from energysweep.measure.monitor import JobMonitor
 from energysweep.scenarios.base import Scenario
 from energysweep.tables import io as tables_io
@@ -68,6 +69,10 @@ def _start_ranks(job: LaunchedJob) -> tuple[dist.RankContext, list[dict], dict]:
     )
     audits = dist.gather(ctx.audit())
     dist.check_world(audits, placement)
+    if ctx.rank == 0:
+        progress.say(
+            f"{len(audits)} rank(s) up on {device} ({job.key.backend}, {job.key.scenario})"
+        )
     return ctx, audits, _seed(job.seed)
 
 
@@ -112,7 +117,12 @@ def _gather_to_rank0(obj) -> list | None:
 
 
 def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
-    """(backend or None, its load time or None, monitor, scenario) of the job, monitor started."""
+    """(backend or None, its load time or None, monitor, scenario) of the job, monitor started
+    (the idle baseline is taken, and logged, after the first warm-up: Scenario.point)."""
+    return _start_scenario(job, ctx, prompts)
+
+
+def _start_scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     from energysweep.backends import load_backend
 
     if job.key.scenario == SERVING:
@@ -124,6 +134,8 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
         # set-up): no job-level load.
         monitor = JobMonitor(job, ctx)
         training = TrainingScenario(job, ctx, prompts, monitor)
+        if ctx.rank == 0:
+            progress.say("training loads its model at each batch size (no job-level load)")
         monitor.start()
         return None, None, monitor, training
     from energysweep.scenarios.inference import InferenceScenario
@@ -131,6 +143,8 @@ def _scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):
     t_load = time.time()
     backend = load_backend(job, ctx)
     load_s = time.time() - t_load
+    if ctx.rank == 0:
+        progress.say(f"model loaded in {load_s:.1f} s ({job.key.model})")
     monitor = JobMonitor(job, ctx, backend=backend)
     scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
     monitor.start(backend.synchronize)
@@ -170,6 +184,8 @@ def _measure(job: LaunchedJob, ctx: dist.RankContext, scenario: Scenario) -> int
             if ctx.rank == 0:
                 # A serving client's rows are final (one process measures every GPU).
                 rows = _flat(gathered) if scenario.rows_final else combine_ranks(gathered)
+                for line in progress.window_lines(rows):
+                    progress.say(line)
                 table = shards.to_table(rows)
                 tables_io.write_atomic(table, job.outputs.shard(bs, rep))
                 job_tables.append(table)

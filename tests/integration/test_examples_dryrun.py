@@ -172,3 +172,32 @@ def test_multi_node_torchrun_jobs_get_one_task_per_node(wf):
     for job in multi:
         assert int(job["resources"]["tasks"]) == int(job["resources"]["nodes"]), job
         assert job["resources"]["gres"] == "gpu:16", job
+
+
+def test_slurm_dry_run_with_device_auto_keeps_gpu_freq(wf):
+    """``measurement.device: auto`` is decided on the job's node, never on the host that loads the
+    workflow (a login node without GPUs, like this one): the clock axis stays in the grid and its
+    sbatch keeps ``--gpu-freq`` (a node without a GPU then records the point's error there)."""
+    cfg = {
+        "backends": ["pytorch"],
+        "scenarios": ["inference"],
+        "parallel": {"tp": [1], "pp": [1], "dp": [1]},
+        "workload": {"batch_sizes": [1], "repetitions": 1},
+        "gpu": {"clock": ["medium"], "power_limit_w": [None, 300]},
+    }
+    (wf / "config" / "auto-clock.yaml").write_text(yaml.safe_dump(cfg))
+    rc, out = snakemake(
+        wf, "-n", "--profile", "profiles/slurm", "--configfile", "config/auto-clock.yaml"
+    )
+    assert rc == 0, out[-4000:]
+    jobs = measure_jobs(out)
+    full = es_config.validate_schema(
+        {**yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), **cfg}
+    )
+    assert full["measurement"]["device"] == "auto"  # the default, as the dry run had it
+    assert sorted(j["wildcards"]["power_limit_w"] for j in jobs) == ["300", "unset"], out[-3000:]
+    for job in jobs:
+        assert job["wildcards"]["gpu_clock"] == "medium"
+        assert "--gpu-freq=medium" in job["resources"]["slurm_extra"], job
+    skipped = es_config.build_grid(full, ROOT).skipped
+    assert not [s for s in skipped if "no GPU to set" in s["reason"]]

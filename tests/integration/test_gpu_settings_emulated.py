@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -166,10 +167,12 @@ def test_the_ladder_is_filled_on_the_emulated_node(sweep):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_true_power_follows_the_limit(sweep):
-    """The emulator's ground truth (not what the measurement read): a window's true mean power
-    never exceeds its point's power limit, and where the same clock ran above the low limit
-    under the high one, the low limit held it down (figures printed for the record)."""
-    true = {}  # (limit, clock) -> true mean power of each ok window, W
+    """The emulator's ground truth and what the measurement read: where the same clock ran
+    above the low limit under the high one, the low limit held it down, and the measurement saw
+    it lower too (figures printed for the record). That true power never exceeds the limit is
+    the emulator's own clamp, no check of ours; the windows' energy against the truth is
+    test_emulated_pipeline's."""
+    true, seen = {}, {}  # (limit, clock) -> true / measured mean power of each ok window, W
     for job in sorted((sweep / "results" / "shards").glob("**/job.json")):
         rows = pd.read_parquet(job.with_name("shards.parquet"))
         rows = rows[rows["status"].eq("ok")].reset_index(drop=True)
@@ -179,20 +182,51 @@ def test_true_power_follows_the_limit(sweep):
         window_s = (rows["window_end_ns"] - rows["window_start_ns"]) / 1e9
         limit, clock = float(rows["power_limit_w"].iloc[0]), rows["gpu_clock"].iloc[0]
         true[limit, clock] = truth / 1e3 / window_s
-        measured = (rows["gpu_energy_mj"] / 1e3 / window_s).median()
+        seen[limit, clock] = rows["gpu_energy_mj"] / 1e3 / window_s
         print(
             f"limit {limit:g} W, clock {clock}: true mean power "
             f"{true[limit, clock].min():.1f}-{true[limit, clock].max():.1f} W, "
-            f"measured median {measured:.1f} W"
+            f"measured median {seen[limit, clock].median():.1f} W"
         )
     low, high = LIMITS
     assert sorted(true) == sorted((float(w), c) for w in LIMITS for c in CLOCKS)
-    for (limit, _), watts in true.items():
-        assert (watts <= limit + 0.5).all(), (limit, watts.tolist())
     capped = [c for c in CLOCKS if true[float(high), c].median() > low]
     assert capped, "no clock ran above the low limit: the cap was never exercised"
     for c in capped:
         assert true[float(low), c].median() < true[float(high), c].median()
+        # ... and the measurement saw it: the counter's windows follow the truth's order.
+        assert seen[float(low), c].median() < seen[float(high), c].median()
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_each_measure_log_says_what_the_job_did(sweep):
+    """A person following a measure job's rule log sees, one line each: the attempt, the ranks
+    up, the model load with its duration, the idle baseline with its power, each point's
+    warm-up, each window with its duration and GPU energy, or the point's error and why; and
+    never one line per iteration (energysweep.measure.progress)."""
+    logs = sorted((sweep / "logs" / "measure").rglob("*.log"))
+    assert logs
+    for log in logs:
+        text = log.read_text()
+        lines = [x for x in text.splitlines() if " energysweep: " in x]
+        assert text.startswith("measure job, attempt 1\n"), text[:300]
+        assert any(re.search(r"energysweep: \d rank\(s\) up on cpu", x) for x in lines), log
+        assert any(re.search(r"model loaded in \d+\.\d s \(tiny-llama\)", x) for x in lines)
+        windows = [x for x in lines if " rep " in x]
+        assert len(windows) == 2  # one per window: 1 batch size x 2 repetitions x generate
+        flagged = "generate: error: SettingNotApplied: GPU setting ("
+        if any(flagged in x for x in windows):  # GPU 1 refused the clock: the reason is said
+            assert all(flagged in x for x in windows), windows  # (any job on GPU 1)
+            continue
+        assert any("batch size 1: warm-up done in " in x for x in lines), lines
+        # Taken once, after the first warm-up (a refused point never gets there).
+        idle = r"idle baseline: 0\.\d\d s, GPU power GPU-\S+ \d+\.\d W \(rank 0's GPUs\)"
+        assert any(re.search(idle, x) for x in lines), lines
+        done = r"batch size 1 rep [01] generate: window \d+\.\d\d s, \d+ iterations, .*"
+        gpus = "2 GPUs" if "dp~2" in str(log) else "1 GPU"
+        for x in windows:
+            assert re.search(done + rf"GPU energy \d+\.\d J over {gpus}$", x), x
+        assert len(lines) <= 8, lines  # a handful per job, not one per iteration
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

@@ -15,6 +15,7 @@ import subprocess
 
 import pandas as pd
 import pyarrow.parquet as pq
+import pynvml as real
 import pytest
 import yaml
 from jobspec import job_spec, limits
@@ -140,3 +141,30 @@ def test_cpu_sweep_lists_its_gpu_settings_as_skipped_with_the_reason(tmp_path):
     assert sorted(skipped["power_limit_w"]) == ["300", "unset"]
     assert set(skipped["gpu_clock"]) == {"low,memory=high"}
     assert skipped["reason"].str.contains("runs the ranks on CPUs: there is no GPU").all()
+
+
+@pytest.mark.timeout(300)
+def test_device_auto_on_a_node_without_a_gpu_fails_each_setting_point_saying_why(
+    fake_nvml, model, tmp_path, monkeypatch
+):
+    """``measurement.device: auto`` is decided on the job's node: the grid kept the setting
+    points (tests/integration/test_examples_dryrun.py); a node that turns out to have no GPU
+    (no NVML, no CUDA device) records each of them as an error with the reason, in the rows
+    and in the job's log, and measures nothing."""
+    fake_nvml([], init_error=real.NVML_ERROR_LIBRARY_NOT_FOUND)  # the launcher's node: no driver
+    monkeypatch.delenv("ENERGYSWEEP_TEST_FAULT", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the ranks' torch: no CUDA device
+    out = tmp_path / "job"
+    spec = job_spec(ParallelLayout(), "inference", measurement={"device": "auto"}, **SETTING)
+    log_path = tmp_path / "job.log"
+    with open(log_path, "w") as log:
+        run_job(spec, JobDir(str(out)), str(model), limits(), log, cpus=1)
+    rows = pq.read_table(out / "shards.parquet").to_pandas()
+    assert len(rows) == 2 and set(rows["status"]) == {"error"}  # generate, prefill
+    assert rows["gpu_energy_mj"].isna().all() and rows["window_start_ns"].isna().all()
+    why = "measurement.device auto found no CUDA GPU on"
+    assert rows["error"].str.contains(why).all() and rows["error"].str.contains("NVML").all()
+    text = log_path.read_text()
+    assert _applied(text)["error"].startswith("NVML unavailable")
+    assert "batch size 1 rep 0 generate: error: SettingNotApplied: GPU setting (" in text
+    assert why in text

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
@@ -140,7 +141,6 @@ def test_pandas_pyarrow_duckdb_read_the_same_table(merged):
     assert set(by_pandas.columns) == set(shards.SCHEMA.names)
     pd.testing.assert_frame_equal(_canonical(by_pandas), _canonical(expected))
     pd.testing.assert_frame_equal(_canonical(by_pyarrow), _canonical(expected))
-    duckdb = pytest.importorskip("duckdb")
     by_duckdb = duckdb.sql(
         f"SELECT * FROM read_parquet('{out}/**/*.parquet', hive_partitioning = true)"
     ).df()

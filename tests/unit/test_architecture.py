@@ -287,3 +287,26 @@ def test_no_snakemake_import_in_src():
         )
     ]
     assert not offenders, offenders
+
+
+TRUTH = "energysweep.hw.emulated.truth"
+
+
+def truth_readers(edges: dict[str, set[str]]) -> list[str]:
+    """Modules outside the emulator (``energysweep.hw.emulated``) that import its ground truth."""
+    inside = "energysweep.hw.emulated"
+    return sorted(
+        m for m, targets in edges.items() if TRUTH in targets and not m.startswith(inside)
+    )
+
+
+def test_only_the_emulator_imports_its_ground_truth():
+    """hw/emulated/truth.py is for tests and the benchmark: a measurement that read the truth
+    would agree with it by construction (the check hw/emulated/truth.py's docstring cites)."""
+    edges = import_edges()
+    assert TRUTH in edges
+    assert truth_readers(edges) == []
+    # The check sees a reader where there is one (lazy imports too).
+    assert truth_readers({**edges, "energysweep.energy.nvml": {TRUTH}}) == [
+        "energysweep.energy.nvml"
+    ]

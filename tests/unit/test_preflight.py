@@ -125,13 +125,16 @@ def test_require_energy_contradiction_is_a_config_error():
 
 @pytest.mark.timeout(60)
 def test_preflight_on_this_machine_for_real(tmp_path, capsys):
-    """No fake: this CPU machine has no NVML; auto passes and says so, gpu fails."""
+    """No fake: on a machine without NVML auto passes and says so, gpu fails; on one with an
+    NVIDIA driver (a GPU node), requiring GPU energy passes."""
     try:
         real.nvmlInit()
         real.nvmlShutdown()
-        pytest.skip("this machine has an NVIDIA driver: the no-GPU path cannot be checked")
     except real.NVMLError:
         pass
+    else:
+        assert preflight.main(["--out", str(tmp_path), "--require", "gpu", "--seconds", "1"]) == 0
+        return
     assert preflight.main(["--out", str(tmp_path), "--seconds", "0.2"]) == 0
     text = capsys.readouterr().out
     assert "no GPU that NVML can read" in text and "PASSED" in text

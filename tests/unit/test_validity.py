@@ -327,7 +327,6 @@ def test_stage_energy_and_shares(fake_nvml):
     rows, power, idle = run_job(mod, mod.fake_gpus, pp_ranks=[0, 1])
     table = stages.stage_table(rows)
     assert list(table["pp_rank"]) == [0, 1] and (table["n_gpus"] == 1).all()
-    assert table["gpu_energy_share"].sum() == pytest.approx(1.0)
     assert table["gpu_energy_share"].iloc[0] == pytest.approx(0.75, abs=0.03)
     assert table["cpu_time_share"].tolist() == pytest.approx([1 / 3, 2 / 3])
     s, _ = verdict(rows, power, idle=idle)

@@ -12,6 +12,7 @@ from unittest import mock
 
 import pynvml as real
 import pytest
+import zeus.device.gpu as zeus_gpu
 from jobspec import validated_config
 
 from energysweep import energy
@@ -19,8 +20,6 @@ from energysweep.energy import nvml as es_nvml
 from energysweep.tables.status import EnergyStatus
 
 import fake_pynvml
-
-zeus_gpu = pytest.importorskip("zeus.device.gpu")
 
 
 @pytest.fixture

@@ -209,7 +209,16 @@ def environment_page(
             "facts to record, and no GPU energy was measured.</p>"
         )
     version_cols = [c for c in env.columns if c.endswith("_version") and c != "code_version"]
-    software = ["host", "cpu_model", "torch_cuda", *version_cols, "env_lock", "env_lock_sha256"]
+    software = [
+        "host",
+        "cpu_model",
+        "torch_cuda",
+        "torch_build",
+        *version_cols,
+        "env_lock",
+        "env_lock_sha256",
+        "env_torch_from",
+    ]
     parts += [
         "<h2>Hosts and software versions</h2>",
         table_html(_distinct(env, software)),

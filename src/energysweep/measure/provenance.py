@@ -84,12 +84,23 @@ ENV_RECORD = "energysweep-env.json"
 
 def env_lock(prefix: str | Path | None = None) -> dict | None:
     """Which lock this environment (``sys.prefix``) was installed from: ``{"lock",
-    "lock_sha256"}``; None for an environment `make` did not build from a lock."""
+    "lock_sha256"}`` (and ``torch_from``, the site interpreter whose torch it uses, when made over
+    one); None for an environment `make` did not build from a lock."""
     try:
         record = json.loads((Path(prefix or sys.prefix) / ENV_RECORD).read_text())
     except (OSError, ValueError):
         return None
-    return {"lock": record.get("lock"), "lock_sha256": record.get("lock_sha256")}
+    lock = {"lock": record.get("lock"), "lock_sha256": record.get("lock_sha256")}
+    if record.get("torch_from"):  # made over a site's torch (make venv TORCH_FROM=...)
+        lock["torch_from"] = record["torch_from"]
+    return lock
+
+
+def torch_build(cuda: str | None, hip: str | None) -> str:
+    """Which build of torch: ``cuda`` (``torch.version.cuda`` set), ``rocm``, else ``cpu``."""
+    if cuda:
+        return "cuda"
+    return "rocm" if hip else "cpu"
 
 
 def snapshot(gpu_uuids: list[str] | None = None) -> dict:
@@ -99,8 +110,10 @@ def snapshot(gpu_uuids: list[str] | None = None) -> dict:
 
         cuda = torch.version.cuda
         cuda_ok = torch.cuda.is_available()
+        build = torch_build(cuda, getattr(torch.version, "hip", None))
+        torch_path = str(Path(torch.__file__).parent)
     except ImportError:
-        cuda, cuda_ok = None, False
+        cuda, cuda_ok, build, torch_path = None, False, "not_installed", None
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -112,7 +125,10 @@ def snapshot(gpu_uuids: list[str] | None = None) -> dict:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "packages": package_versions(),
+        # torch_cuda is null for a build without CUDA; torch_build says which (cpu, rocm, ...).
         "torch_cuda": cuda,
+        "torch_build": build,
+        "torch_path": torch_path,
         "cuda_available": cuda_ok,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),

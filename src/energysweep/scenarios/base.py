@@ -9,6 +9,8 @@ job. Subclasses say what a point prepares and what one repetition measures.
 
 from __future__ import annotations
 
+import socket
+import time
 import traceback
 from abc import ABC, abstractmethod
 
@@ -16,6 +18,7 @@ from energysweep import dist
 from energysweep.energy import CpuTime
 from energysweep.gpu_setting.probe import SettingNotApplied
 from energysweep.job.spec import LaunchedJob
+from energysweep.measure import progress
 from energysweep.measure.rows import failed_rows, model_parameters, window_rows
 from energysweep.measure.warmup import max_seconds, warm_up
 from energysweep.measure.window import measure_window
@@ -40,6 +43,7 @@ class Scenario(ABC):
         generations: rows of generations.parquet (inference; empty for training).
         window_ns_total: time spent inside measured windows (job.json ``timing.window_s``).
         warmups: each point's warm-up (job.json ``timing.warmup``; energysweep.measure.warmup).
+        prepare_what: what :meth:`prepare` does, as the job's log says it (progress lines).
         rows_final: True where one process's rows are already the window's (a serving client
             measures every GPU): rank 0 writes them as they are instead of combining ranks
             (energysweep.aggregate.windows.combine_ranks).
@@ -47,6 +51,7 @@ class Scenario(ABC):
 
     name: str
     rows_final = False
+    prepare_what = "warm-up"  # what prepare() does, for the job's log
 
     def __init__(
         self, job: LaunchedJob, ctx: dist.RankContext, backend, prompts: list[str], monitor
@@ -133,9 +138,20 @@ class Scenario(ABC):
             layout = (self.ctx.layout.tp, self.ctx.layout.pp, self.ctx.layout.dp)
             faults.inject(self.ctx.rank, bs, self.name, layout=layout)  # test-only; off unless set
             self.check_settings(bs)
+            t_prepare = time.monotonic()
             self.prepare(bs)
+            if self.ctx.rank == 0:
+                took = time.monotonic() - t_prepare
+                progress.say(
+                    f"batch size {bs}: {self.prepare_what} done in {took:.1f} s; "
+                    f"{self.wl.repetitions} repetition(s) next"
+                )
             # The job's idle baseline: once, after the first warm-up, as the windows run.
+            first_idle = not self.monitor._idle_done
             self.monitor.ensure_idle()
+            if self.ctx.rank == 0 and first_idle and self.monitor._idle_done:
+                m = self.monitor
+                progress.say(progress.idle_line(m.idle_window_s, m.idle_gpu, m.idle_host))
             for rep in range(self.wl.repetitions):
                 windows.append(self.repetition(bs, rep, cooldown_s))
         except Exception as exc:  # agreed across ranks: the point's status, or the job aborts
@@ -154,7 +170,15 @@ class Scenario(ABC):
         """
         if self.job.gpu is None:
             return
-        problems = [p for rank in dist.gather(self.monitor.settings.problems()) for p in rank]
+        mine = self.monitor.settings.problems()
+        if mine and self.m.device == "auto" and self.ctx.device == "cpu":
+            # auto is decided here, on the job's node (never where the workflow was loaded):
+            # a node without a GPU fails the points that ask for a GPU setting, saying so.
+            mine = [
+                f"measurement.device auto found no CUDA GPU on {socket.gethostname()} (the "
+                "ranks ran on CPUs), so there is no GPU to set or verify", *mine,
+            ]  # fmt: skip
+        problems = [p for rank in dist.gather(mine) for p in rank]
         if problems:
             raise SettingNotApplied(
                 f"GPU setting ({self.job.gpu.label()}) is not in effect, so batch size {bs} was "

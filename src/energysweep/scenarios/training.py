@@ -60,6 +60,7 @@ class TrainingScenario(Scenario):
     """
 
     name = "training"
+    prepare_what = "model load and warm-up"
 
     def __init__(self, job: LaunchedJob, ctx: dist.RankContext, prompts: list[str], monitor):
         super().__init__(job, ctx, None, prompts, monitor)

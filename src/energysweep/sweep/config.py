@@ -233,7 +233,7 @@ def build_grid(config: dict, base_dir: str | Path = ".") -> Grid:
         serving_parallel=config["serving"]["parallel"],
     )
     # The GPU setting axes (gpu.power_limit_w, gpu.clock): one job per setting.
-    return gpu_axes.expand(grid, config, gpu_axes.no_gpu_reason(device, _nvidia_devices()))
+    return gpu_axes.expand(grid, config, gpu_axes.no_gpu_reason(device))
 
 
 def _nvidia_devices() -> bool:

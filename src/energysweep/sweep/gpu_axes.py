@@ -6,7 +6,8 @@ A swept axis becomes part of its jobs' keys (:class:`energysweep.job.spec.JobKey
 ``unset`` for a null value: the GPU as the node has it); an axis the config does not sweep stays
 None in every key, and its paths are those of a sweep without the axes. Values a job cannot have
 are decided here, before anything is submitted: a clock word Slurm does not know is a config
-error; a setting on CPU ranks (no GPU to set) is a skipped point with its reason.
+error; a setting on CPU ranks (``measurement.device: cpu``, no GPU to set) is a skipped point with
+its reason (``auto`` is decided on the job's node: :func:`no_gpu_reason`).
 """
 
 from __future__ import annotations
@@ -88,14 +89,19 @@ def path_keys(config: dict) -> list[str]:
     return [k for k in JOB_KEYS if k not in SETTING_AXES or k in swept]
 
 
-def no_gpu_reason(device: str, gpus_here: bool) -> str | None:
-    """Why ranks on ``device`` have no GPU to set (None: they have one).
+def no_gpu_reason(device: str) -> str | None:
+    """Why ranks on ``device`` have no GPU to set (None: they may have one).
+
+    ``auto`` is decided where the ranks run, never here: the host loading the workflow (a
+    cluster's login node) is not the node a job lands on. A job of ``auto`` whose node turns out
+    to have no GPU records that point as an error with its reason (the launcher's GPU settings
+    record, and each rank's check before measuring: ``energysweep.gpu_setting.probe``), so the
+    setting axes stay in the grid and a Slurm job keeps its ``--gpu-freq``.
 
     Args:
         device: ``measurement.device``.
-        gpus_here: this host has NVIDIA GPU device nodes (what ``auto`` resolves by).
     """
-    if device == "cpu" or (device == "auto" and not gpus_here):
+    if device == "cpu":
         return (
             f"measurement.device {device} runs the ranks on CPUs: there is no GPU to set a "
             "power limit or clock on (gpu.power_limit_w / gpu.clock)"

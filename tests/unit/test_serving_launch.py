@@ -21,9 +21,8 @@ from energysweep.launch.server import (
     ServerOptions,
     cpu_bind,
     port_is_free,
+    server_argv,
     server_env,
-    trtllm_argv,
-    vllm_argv,
     worker_gpu,
 )
 from energysweep.sweep.config import validate_schema
@@ -159,16 +158,16 @@ def _flag(argv, name):
 
 
 def test_vllm_and_trtllm_server_commands_map_the_layout_and_cap():
-    v = vllm_argv(options(layout=ParallelLayout(2, 3, 4)), 31000, "es-job")
+    v = server_argv(options(layout=ParallelLayout(2, 3, 4)), 31000, "es-job")
     assert v[:3] == ["/env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert [_flag(v, f) for f in ("--tensor-parallel-size", "--pipeline-parallel-size",
                                   "--data-parallel-size", "--max-num-seqs", "--max-model-len",
                                   "--host", "--port", "--served-model-name")] == [
         "2", "3", "4", "8", "80", "127.0.0.1", "31000", "es-job"]  # fmt: skip
     assert "--enforce-eager" in v and "--gpu-memory-utilization" not in v
-    gpu = vllm_argv(options(on_gpu=True), 1, "n")
+    gpu = server_argv(options(on_gpu=True), 1, "n")
     assert _flag(gpu, "--gpu-memory-utilization") == "0.8"
-    t = trtllm_argv(options("tensorrt-llm", ParallelLayout(2, 2, 1)), 31000, "es-job")
+    t = server_argv(options("tensorrt-llm", ParallelLayout(2, 2, 1)), 31000, "es-job")
     assert t[:2] == ["/env/bin/trtllm-serve", "/models/m"]
     assert [_flag(t, f) for f in ("--tp_size", "--pp_size", "--max_batch_size", "--max_seq_len",
                                   "--backend", "--served_model_name")] == [

@@ -209,9 +209,9 @@ def test_parse_metrics_sums_label_sets_and_skips_comments():
 
 
 def test_the_servers_own_count_sums_finished_label_sets_and_says_why_it_is_missing():
-    from energysweep.scenarios.serving.probes import METRICS, server_count
+    from energysweep.scenarios.serving.probes import metrics_names, server_count
 
-    wanted = METRICS["vllm"]
+    wanted = metrics_names("vllm")
 
     def text(length: float, aborted: float) -> str:
         name = "vllm:request_success_total"

@@ -15,5 +15,5 @@ from energysweep.job.backends import backend
 
 def load_backend(job, ctx):
     """Import the job's backend module only now and build it for this rank."""
-    module = importlib.import_module(f"energysweep.backends.{backend(job.key.backend).impl}")
+    module = importlib.import_module(backend(job.key.backend).module_path)
     return module.load_backend(ctx, job)

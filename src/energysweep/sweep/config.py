@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from energysweep.job.backends import BACKENDS
 from energysweep.job.layout import ModelDims
 from energysweep.job.sections import SCHEMA_PATH, Engine, Measurement, load_section
 from energysweep.job.spec import portable_path
@@ -69,6 +70,9 @@ def _describe(schema: dict, path) -> str:
 def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict:
     """Validate ``config`` in place against the schema, filling defaults; raise ConfigError."""
     schema = yaml.safe_load(Path(schema_path).read_text())
+    # The schema lists the built-in backends; one registered from outside is as valid
+    # (energysweep.job.backends.register_backend).
+    schema["properties"]["backends"]["items"]["enum"] = list(BACKENDS)
     errors = sorted(_validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []

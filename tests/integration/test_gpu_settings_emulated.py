@@ -93,8 +93,14 @@ def _target_sm(clock: str) -> int:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
+    # One job at a time: every one-GPU job then claims GPU 0 (launch/gpu_claims.py takes the
+    # lowest free GPU), the one whose clocks are not refused; two at once would put one on GPU 1.
     wf, _ = local_sweep(
-        tmp_path_factory.mktemp("gpu-settings"), CONFIG, report=False, timeout_s=TIMEOUT_S
+        tmp_path_factory.mktemp("gpu-settings"),
+        CONFIG,
+        report=False,
+        timeout_s=TIMEOUT_S,
+        extra_args=("--jobs", "1"),
     )
     return wf
 

@@ -457,4 +457,6 @@ def check_job_phases(wf) -> list[dict]:
 def test_every_second_of_every_job_is_in_a_phase(local_run):
     wf, _ = local_run
     timings = check_job_phases(wf)
-    assert {t["job"]["scenario"] for t in timings} == {"inference", "training", "serving"}
+    # local_run is the PyTorch sweep (no serving: that needs vLLM); the default sweep's serving
+    # and vLLM jobs are checked the same way by bench/job_overhead.py.
+    assert {t["job"]["scenario"] for t in timings} == {"inference", "training"}

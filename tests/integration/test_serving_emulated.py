@@ -138,14 +138,23 @@ def test_window_energy_and_joules_per_request_match_the_ground_truth(served):
         server_requests=("server_requests_completed", "first"),
     )
     per_window["truth_j_per_request"] = per_window["truth_j"] / per_window["server_requests"]
-    truth = per_window.groupby("load").agg(truth_j_per_request=("truth_j_per_request", "median"))
+    truth = per_window.groupby("load").agg(
+        truth_j_per_request=("truth_j_per_request", "median"),
+        fewest_requests=("server_requests", "min"),
+    )
     s = pd.read_csv(served / "results" / "summary.csv").set_index("load")
     got = truth.join(s[["energy_per_request_j", "sustainable"]])
     got["error_pct"] = 100 * (got["energy_per_request_j"] / got["truth_j_per_request"] - 1)
     print(got.to_string())
     below_knee = got[got["sustainable"].astype(str) == "True"]
     assert len(got) == 2 and len(below_knee) >= 1 and got["energy_per_request_j"].notna().all()
-    assert (below_knee["error_pct"].abs() <= JOULES_PER_REQUEST_PCT).all(), below_knee
+    # The server's count is read a few ms after each edge (probes.server_count): a request
+    # ending within that delay falls on the other side of it, so the two counts may be one
+    # request apart, a resolution of 1 / requests that no energy figure can beat (at 8 req/s
+    # over ~6 s: 2%; a run under CI's load was one request apart: -2.0%). The 1% is on top.
+    resolution_pct = 100 / below_knee["fewest_requests"]
+    allowed = JOULES_PER_REQUEST_PCT + resolution_pct
+    assert (below_knee["error_pct"].abs() <= allowed).all(), below_knee.assign(allowed=allowed)
 
 
 @pytest.mark.timeout(1200)

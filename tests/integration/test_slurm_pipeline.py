@@ -13,7 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from emulated_truth import against_truth, assert_matches_truth
+from emulated_truth import (
+    SLURM_RANK_BIAS_S,
+    SLURM_WORST_ERROR_S,
+    against_truth,
+    assert_matches_truth,
+)
 
 from energysweep.hw.emulated.node import identity
 
@@ -189,7 +194,7 @@ def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
     assert e["gpu_energy_method"].eq("emulated:nvml-total-energy-counter").all()
     rows = against_truth(wf)
     assert len(rows) == len(e)
-    assert_matches_truth(rows)
+    assert_matches_truth(rows, SLURM_WORST_ERROR_S, SLURM_RANK_BIAS_S)
 
 
 @pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 300)

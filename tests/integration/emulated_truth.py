@@ -65,6 +65,7 @@ LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # are test_emulated_pipeline's.
 SLURM_WORST_ERROR_S = 0.45
 SLURM_RANK_BIAS_S = 0.01
+SLURM_LONG_ERROR_PCT = 10.0  # one refresh of a 1 s window's power
 
 
 def error_s(rows: pd.DataFrame) -> pd.Series:
@@ -73,7 +74,10 @@ def error_s(rows: pd.DataFrame) -> pd.Series:
 
 
 def assert_matches_truth(
-    rows: pd.DataFrame, worst_s: float = WORST_ERROR_S, bias_s: float = RANK_BIAS_S
+    rows: pd.DataFrame,
+    worst_s: float = WORST_ERROR_S,
+    bias_s: float = RANK_BIAS_S,
+    long_pct: float = LONG_ERROR_PCT,
 ) -> None:
     """Every window's energy is the sensor's reading of the ground truth within the bounds:
     each window, each window >= 1 s in %, and the bias of each rank and of each GPU."""
@@ -98,6 +102,6 @@ def assert_matches_truth(
     assert by_rank.abs().max() <= bias_s, by_rank.to_dict()
     assert by_gpu.abs().max() <= bias_s, by_gpu.to_dict()
     if len(long):
-        assert long["error_pct"].abs().max() <= LONG_ERROR_PCT, long.loc[
+        assert long["error_pct"].abs().max() <= long_pct, long.loc[
             long["error_pct"].abs().idxmax(), cols
         ].to_dict()

@@ -30,8 +30,25 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
     slurm_three_nodes,
 )
 
+# `make test` runs three pytest sessions side by side (Makefile): the Slurm tests (-m slurm),
+# these modules (-m engines: the real vLLM engine and server, the benches' quick runs and
+# `make gpu-check`, which mostly wait on engines and windows), and all the others. Each session
+# takes about a third of the suite's time (the durations `make test` prints).
+ENGINES_SESSION = {
+    "test_bench_quick.py",
+    "test_gpu_check.py",
+    "test_serving_emulated.py",
+    "test_serving_fake.py",
+    "test_serving_real.py",
+    "test_vllm_real.py",
+}
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in ENGINES_SESSION:
+            item.add_marker(pytest.mark.engines)
     # Single-node and multi-node clusters cannot run at once: group tests by mode.
     order_multinode_last(items)
 
@@ -74,10 +91,56 @@ def local_sweep(
     return wf, cfg
 
 
+# `make test` runs two pytest sessions side by side (the Slurm tests and the rest) and gives both
+# one directory, $ENERGYSWEEP_TEST_SHARED_DIR: a sweep both sessions read runs once, in the
+# session that needs it first, under a file lock; the other waits for it (bounded) and reads it.
+SHARED_DIR_ENV = "ENERGYSWEEP_TEST_SHARED_DIR"
+SHARED_WAIT_S = LOCAL_RUN_TIMEOUT_S + 300
+
+
+def shared_sweep(tmp_path_factory, name: str, run) -> tuple[Path, str]:
+    """``run(directory)``'s (workflow dir, config path), run once across the sessions that share
+    $ENERGYSWEEP_TEST_SHARED_DIR (once in this session without it). A failed run is recorded:
+    the other session fails with its error instead of running it again."""
+    import fcntl
+    import json
+    import time
+
+    shared = os.environ.get(SHARED_DIR_ENV)
+    if not shared:
+        return run(tmp_path_factory.mktemp(name))
+    root = Path(shared)
+    root.mkdir(parents=True, exist_ok=True)
+    record = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        deadline = time.monotonic() + SHARED_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the shared {name} sweep held its lock over {SHARED_WAIT_S} s")
+                time.sleep(1)
+        if record.exists():
+            done = json.loads(record.read_text())
+            if "error" in done:
+                pytest.fail(f"the shared {name} sweep failed in the other session: {done['error']}")
+            return Path(done["wf"]), done["cfg"]
+        try:
+            wf, cfg = run(root / name)
+        except BaseException as exc:  # the other session must not wait for nor redo it
+            record.write_text(json.dumps({"error": str(exc)[-4000:]}))
+            raise
+        record.write_text(json.dumps({"wf": str(wf), "cfg": cfg}))
+        return wf, cfg
+
+
 @pytest.fixture(scope="session")
 def local_run(tmp_path_factory) -> tuple[Path, str]:
-    """The default sweep (PyTorch, SMALL) on the local profile: (workflow dir, config path)."""
-    return local_sweep(tmp_path_factory.mktemp("local"), SMALL)
+    """The default sweep (PyTorch, SMALL) on the local profile: (workflow dir, config path).
+    Shared with the Slurm session of `make test` (shared_sweep)."""
+    return shared_sweep(tmp_path_factory, "local", lambda d: local_sweep(d, SMALL))
 
 
 # The default layouts (tp, pp, dp up to 2 GPUs; inference and training) on the emulated GPU node

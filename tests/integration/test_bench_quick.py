@@ -19,7 +19,6 @@ pytestmark = [pytest.mark.integration]
 BENCHES = {
     "dag_scaling.py": "dag_scaling n=",
     "launch_overhead.py": "launch_overhead: ",
-    "gpu_time_efficiency.py": "gpu_time_efficiency (",
     "merge_scaling.py": "merge_scaling ",
     "report_startup.py": "one start-up saves ",
     "sampler_overhead.py": "sampler thread CPU: ",

@@ -212,7 +212,7 @@ def test_a_sigkilled_vllm_job_leaves_nothing_once_the_next_job_started(sweep):
     assert f"cleanup: removed the temp dir {tmpdir} of a job that is gone" in logs
     log = measure_log(wf, tp2)
     # The job right after succeeded (published) and named its own segments after itself.
-    groups = set(re.findall(r"vllm: CPU shared-memory group (\S+)", log))
+    groups = set(re.findall(r"vllm: CPU shared-memory group (\S+?-cpushm)", log))
     assert groups == {f"energysweep-{spec_job_id(wf, tp2)[:16]}-tp:0-[0-1]-cpushm"}, groups
     assert (wf / job_dir(*tp2) / "job.json").is_file()
     for job_id in (killed_id, spec_job_id(wf, tp2)):
@@ -344,7 +344,7 @@ def test_a_raising_rank_fails_the_whole_vllm_job_promptly(tmp_path):
     # Nothing of the job in /dev/shm: the segments its engines made (each rank logs their name)
     # were removed when it failed; no engine segment is left that no live process uses.
     job_id = spec_job_id(wf, ("vllm", 2, 1, 1))
-    groups = set(re.findall(r"vllm: CPU shared-memory group (\S+)", text))
+    groups = set(re.findall(r"vllm: CPU shared-memory group (\S+?-cpushm)", text))
     assert groups == {f"energysweep-{job_id[:16]}-tp:0-[0-1]-cpushm"}, groups
     assert segments_of(job_id) == [] and stale_engine_segments() == []
     assert not (Path(tempfile.gettempdir()) / f"energysweep-job-{job_id[:16]}").exists()

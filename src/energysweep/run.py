@@ -218,6 +218,7 @@ def _timing(monitor, scenario, load_s, window_ns, startups) -> dict:
         "window_s": window_ns[0] / 1e9,
         "window_fraction": (window_ns[0] / 1e9) / wall_s if wall_s else None,
         "warmup": scenario.warmups,  # each point's, on rank 0 (measure.warmup)
+        "cooldown_skipped": scenario.cooldown_skipped,  # why, or None where they ran
         "backend_startup": startups if any(startups) else None,
         # Serving: each server's start, warm-up and stop, each load run's ramp, window
         # and drain (bench/serving_overhead.py reads them).

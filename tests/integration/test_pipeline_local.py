@@ -92,6 +92,10 @@ def test_rows_are_honest(local_run):
     for job in (wf / "results" / "shards").glob("**/job.json"):
         assert (job.parent / "power.parquet").is_file()
         timing = json.loads(job.read_text())["timing"]
+        # Cooldowns run only where an energy source reads the windows (GPU counter or RAPL).
+        rows = pd.read_parquet(job.with_name("shards.parquet"))
+        measured = rows[["gpu_energy_status", "host_energy_status"]].eq("measured").any(axis=None)
+        assert (timing["cooldown_skipped"] is None) == measured, timing["cooldown_skipped"]
         if "scenario~training" in str(job):
             assert timing["model_load_s"] is None  # loaded per grid point: never a fake 0
         else:
@@ -417,27 +421,34 @@ def test_report_first_screen_answers_the_sweep_question_on_cpu(local_run, tmp_pa
         assert browser.errors() == []
 
 
-def check_job_phases(wf) -> list[dict]:
-    """job.json timing.phases_s of every job of the sweep in ``wf``: every phase named once,
-    adding up to rank 0's wall within 1 s; the window phase is the windows' own edges' total;
-    the summary carries the same figures. Returns the jobs' timings (bench/job_overhead.py's
-    sweeps are checked with it too)."""
+def check_phases(path) -> dict:
+    """One job.json's timing.phases_s: every phase named once, adding up to rank 0's wall within
+    1 s; the window phase is the windows' own edges' total. Returns the record."""
     from energysweep.tables.phases import JOB_PHASES
 
+    rec = json.loads(path.read_text())
+    t = rec["timing"]
+    phases = t["phases_s"]
+    assert list(phases) == [p.value for p in JOB_PHASES], path
+    assert all(s >= 0 for s in phases.values()), phases
+    assert abs(sum(phases.values()) - t["rank0_wall_s"]) < 1.0, (path, phases, t)
+    # The window phase runs from each start edge to its end edge, as window_s does.
+    assert abs(phases["window"] - t["window_s"]) < 1.0, (path, phases, t)
+    assert phases["window"] > 0 and phases["start"] > 0, phases
+    if rec["job"]["scenario"] == "serving":
+        assert phases["server_start"] > 0 and phases["ramp"] > 0, phases
+    return rec
+
+
+def check_job_phases(wf) -> list[dict]:
+    """check_phases on every job of the sweep in ``wf``, and the summary carries the same
+    figures. Returns the jobs' timings (the vLLM offline and serving sweeps of
+    test_vllm_real.py and test_serving_real.py are checked with it too)."""
     summary = pd.read_csv(wf / "results" / "summary.csv")
     timings = []
     for path in sorted((wf / "results" / "shards").rglob("job.json")):
-        rec = json.loads(path.read_text())
-        t = rec["timing"]
-        phases = t["phases_s"]
-        assert list(phases) == [p.value for p in JOB_PHASES], path
-        assert all(s >= 0 for s in phases.values()), phases
-        assert abs(sum(phases.values()) - t["rank0_wall_s"]) < 1.0, (path, phases, t)
-        # The window phase runs from each start edge to its end edge, as window_s does.
-        assert abs(phases["window"] - t["window_s"]) < 1.0, (path, phases, t)
-        assert phases["window"] > 0 and phases["start"] > 0, phases
-        if rec["job"]["scenario"] == "serving":
-            assert phases["server_start"] > 0 and phases["ramp"] > 0, phases
+        rec = check_phases(path)
+        t, phases = rec["timing"], rec["timing"]["phases_s"]
         k = rec["job"]
         mine = summary[
             summary["backend"].eq(k["backend"])
@@ -457,6 +468,6 @@ def check_job_phases(wf) -> list[dict]:
 def test_every_second_of_every_job_is_in_a_phase(local_run):
     wf, _ = local_run
     timings = check_job_phases(wf)
-    # local_run is the PyTorch sweep (no serving: that needs vLLM); the default sweep's serving
-    # and vLLM jobs are checked the same way by bench/job_overhead.py.
+    # local_run is the PyTorch sweep; the default sweep's vLLM and serving jobs are checked the
+    # same way in test_vllm_real.py and test_serving_real.py.
     assert {t["job"]["scenario"] for t in timings} == {"inference", "training"}

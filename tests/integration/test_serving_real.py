@@ -167,6 +167,15 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
 
 
 @pytest.mark.timeout(1800)
+def test_every_second_of_every_serving_job_is_in_a_phase(served):
+    from test_pipeline_local import check_job_phases
+
+    timings = check_job_phases(served["wf"])
+    assert sorted((t["job"]["tp"], t["job"]["dp"]) for t in timings) == [(1, 1), (1, 2), (2, 1)]
+    assert {t["job"]["scenario"] for t in timings} == {"serving"}
+
+
+@pytest.mark.timeout(1800)
 def test_greedy_tokens_through_the_server_equal_the_offline_engine(served, vllm_offline):
     wf_offline, _ = vllm_offline
     offline = {p: t for (_, p), t in tokens(wf_offline, ("vllm", 1, 1, 1)).items()}

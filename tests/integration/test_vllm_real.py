@@ -249,6 +249,16 @@ def test_vllm_tokens_equal_pytorch_and_each_other(sweep):
 
 
 @pytest.mark.timeout(900)
+def test_every_second_of_every_vllm_job_is_in_a_phase(sweep):
+    from test_pipeline_local import check_phases
+
+    sweep, _ = sweep
+    for job in sorted(j for j in JOBS if j[0] == "vllm"):
+        rec = check_phases(sweep / job_dir(*job) / "job.json")
+        assert rec["timing"]["phases_s"]["load"] > 0, job  # the engine's start
+
+
+@pytest.mark.timeout(900)
 def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
     sweep, _ = sweep
     for job in sorted(j for j in JOBS if j[0] == "vllm"):

@@ -18,6 +18,7 @@ from energysweep.job.spec import LaunchedJob
 from energysweep.measure import monitor as monitor_mod
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
+from energysweep.scenarios import base as base_mod
 from energysweep.scenarios.inference import InferenceScenario
 from energysweep.tables import shards
 
@@ -208,6 +209,9 @@ def test_cpu_rank_spends_no_idle_time_and_says_why(monkeypatch):
     assert {(r["model_parameters"], r["model_parameters_method"]) for r in rows} == {
         (1234, "config")
     }
+    # Nor the cooldowns (0.5 s before each of the 4 windows): no power for them to settle.
+    assert clock.sleeps == [] and len(rows) == 4
+    assert measurer.cooldown_skipped == base_mod.COOLDOWN_SKIPPED
 
 
 def test_idle_baseline_skipped(gpu_rank):

@@ -36,6 +36,10 @@ def prompt_indices(iteration: int, batch_size: int, dp: int, dp_rank: int, n_pro
     return [(start + j) % n_prompts for j in range(batch_size)]
 
 
+# job.json timing.cooldown_skipped where no energy source reads a rank's windows (cool_down).
+COOLDOWN_SKIPPED = "no energy source reads the windows (no GPU energy counter, no RAPL)"
+
+
 class Scenario(ABC):
     """Runs the windows of one job on one rank.
 
@@ -76,6 +80,8 @@ class Scenario(ABC):
         # The shortest start-edge wait for counter refreshes so far (cool_down); None: none yet.
         self._align_s = 0.0
         self._aligned: float | None = None
+        # Why the cooldowns were skipped (cool_down), None where they ran.
+        self.cooldown_skipped: str | None = None
         self.generations: list[dict] = []
         self.params, self.params_method = model_parameters(job, ctx.model_dir)
 
@@ -105,7 +111,18 @@ class Scenario(ABC):
         """Idle before a window (``measurement.cooldown_s``), less the wait for the energy
         counters' refreshes at its start edge (the previous window's), which is idle too: the
         GPU still rests at least ``seconds`` before the edge, and the job waits once, not twice.
+
+        Where no energy source reads this rank's windows (no GPU counter, no RAPL: CPU ranks on
+        a machine without them), there is no power to settle: the cooldowns are skipped, as the
+        idle baseline is, and job.json ``timing.cooldown_skipped`` says why.
         """
+        if seconds > 0 and not (self.energy.available or self.host.available):
+            if self.cooldown_skipped is None:
+                self.cooldown_skipped = COOLDOWN_SKIPPED
+                if self.ctx.rank == 0:
+                    progress.say(f"cooldowns ({seconds:g} s before each window): skipped, "
+                                 f"{COOLDOWN_SKIPPED}")  # fmt: skip
+            return
         with during(JobPhase.COOLDOWN):
             self.sleep(max(0.0, seconds - self._align_s))
 

@@ -172,28 +172,24 @@ reproduce: $(STAMP) $(VLLM_STAMP)
 	$(NO_SLURM) $(BIN)/python -m energysweep.archive.reproduce "$(ARCHIVE)" --workflow $(CURDIR) --snakemake $(CURDIR)/$(SNAKEMAKE) $(REPRODUCE_ARGS)
 
 # The report test opens results/report.html in Debian's headless chromium. The two environments
-# and chromium are built side by side (mostly downloads and unpacking). Then three pytest
-# sessions run side by side, each about a third of the suite: the Slurm tests (one real cluster
-# at a time, in order; they mostly wait on the scheduler), the engine tests (-m engines: vLLM,
-# the servers, the benches, gpu-check; tests/conftest.py ENGINES_SESSION) and all the others.
-# The other sessions' output is printed when all are done; the target fails if any does. A
-# sweep two sessions read (the default sweep, local_run) runs once, in the directory they share
-# (tests/conftest.py, shared_sweep).
+# and chromium are built side by side (mostly downloads and unpacking). Then two pytest sessions
+# run side by side: the Slurm tests (one real cluster at a time, in order; they mostly wait on
+# the scheduler) with the modules that hold no timing bound beside them (tests/conftest.py,
+# BESIDE_SLURM), and all the others. The Slurm session's output is printed when both are done;
+# the target fails if either does. A sweep both sessions read (the default sweep, local_run)
+# runs once, in the directory they share (tests/conftest.py, shared_sweep).
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
-	@set -u; slurm_log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); \
-	engines_log=$$(mktemp -t energysweep-engine-tests.XXXXXX); \
+	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); \
 	shared=$$(mktemp -d -t energysweep-test-shared.XXXXXX); export ENERGYSWEEP_TEST_SHARED_DIR=$$shared; \
-	$(BIN)/python -m pytest -q --durations=10 -m slurm >"$$slurm_log" 2>&1 & slurm_pid=$$!; \
-	$(BIN)/python -m pytest -q --durations=10 -m "engines and not slurm" >"$$engines_log" 2>&1 & engines_pid=$$!; \
-	trap 'kill $$slurm_pid $$engines_pid 2>/dev/null; wait; rm -rf "$$slurm_log" "$$engines_log" "$$shared"' INT TERM; \
-	$(BIN)/python -m pytest -q --durations=10 -m "not slurm and not engines"; rest=$$?; \
-	wait $$engines_pid; engines=$$?; wait $$slurm_pid; slurm=$$?; \
-	echo "=== Engine tests (pytest -m engines, run alongside the above) ==="; cat "$$engines_log"; \
-	echo "=== Slurm tests (pytest -m slurm, run alongside the above) ==="; cat "$$slurm_log"; \
-	rm -rf "$$slurm_log" "$$engines_log" "$$shared"; \
-	echo "pytest -m 'not slurm and not engines': exit $$rest; -m engines: exit $$engines; -m slurm: exit $$slurm"; \
-	[ $$rest -eq 0 ] && [ $$engines -eq 0 ] && [ $$slurm -eq 0 ]
+	$(BIN)/python -m pytest -q --durations=10 -m "slurm or beside_slurm" >"$$log" 2>&1 & slurm_pid=$$!; \
+	trap 'kill $$slurm_pid 2>/dev/null; wait $$slurm_pid; rm -rf "$$log" "$$shared"' INT TERM; \
+	$(BIN)/python -m pytest -q --durations=10 -m "not slurm and not beside_slurm"; rest=$$?; \
+	wait $$slurm_pid; slurm=$$?; \
+	echo "=== Slurm tests and those beside them (pytest -m 'slurm or beside_slurm', run alongside the above) ==="; \
+	cat "$$log"; rm -rf "$$log" "$$shared"; \
+	echo "pytest -m 'not slurm and not beside_slurm': exit $$rest; -m 'slurm or beside_slurm': exit $$slurm"; \
+	[ $$rest -eq 0 ] && [ $$slurm -eq 0 ]
 
 # The inner loop (docs/development.md): the unit tests only, no Snakemake sweep, no cluster.
 test-quick: $(STAMP)

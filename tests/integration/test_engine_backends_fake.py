@@ -1,5 +1,8 @@
 """vLLM and TensorRT-LLM jobs through the real pipeline, with fake engine modules.
 
+PyTorch's launch mode (torchrun, a process per rank, no per-request rows) is checked on the
+session's default sweep (test_pipeline_local.py); its jobs would add nothing here.
+
 Real Snakemake, real torchrun (gloo), the real replica step of the direct launch mode, the real
 process audit, shards and summary; only ``vllm`` / ``tensorrt_llm`` are the fakes of
 tests/fake_engines.py, put on PYTHONPATH as packages.
@@ -41,7 +44,7 @@ SamplingParams = _m.SamplingParams
 """
 CONFIG = {
     "models": [{"name": "tiny-llama", "path": "builtin:tiny"}],
-    "backends": ["pytorch", "vllm", "tensorrt-llm"],
+    "backends": ["vllm", "tensorrt-llm"],
     "scenarios": ["inference"],  # the engines have no training scenario
     "parallel": {"tp": [1, 2], "pp": [1], "dp": [1, 2], "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [2], "repetitions": 1, "iterations": 1, "output_tokens": 5},
@@ -80,9 +83,8 @@ def test_engine_jobs_run_with_their_launch_modes(tmp_path):
         dps=("dp_rank", "nunique"),
         status=("status", "first"),
     )
-    # PyTorch and vLLM: one process per rank (torchrun); TensorRT-LLM: one per replica (direct),
-    # whose engine spawns the GPU workers. The audit counted what the shards record.
-    assert got.loc[("pytorch", 2, 1)].tolist() == ["torchrun", 2, 2, 2, 1, "ok"]
+    # vLLM: one process per rank (torchrun); TensorRT-LLM: one per replica (direct), whose
+    # engine spawns the GPU workers. The audit counted what the shards record.
     assert got.loc[("vllm", 2, 1)].tolist() == ["torchrun", 2, 2, 2, 1, "ok"]
     assert got.loc[("vllm", 1, 2)].tolist() == ["torchrun", 2, 2, 2, 2, "ok"]
     assert got.loc[("tensorrt-llm", 2, 1)].tolist() == ["direct", 1, 1, 2, 1, "ok"]
@@ -90,20 +92,17 @@ def test_engine_jobs_run_with_their_launch_modes(tmp_path):
 
     # One summary for all backends: same columns, one row per point, every point ok.
     s = pd.read_csv(wf / "results" / "summary.csv")
-    assert set(s["backend"]) == {"pytorch", "vllm", "tensorrt-llm"}
+    assert set(s["backend"]) == {"vllm", "tensorrt-llm"}
     assert (s["status"] == "ok").all()
     per_backend = s.groupby("backend").size()
     assert per_backend.nunique() == 1, per_backend  # 3 layouts x phases, whatever the backend
 
-    # Every job publishes requests.parquet: engine jobs one row per request with the engine's
-    # timings, PyTorch an empty table (it reports no per-request metrics).
-    for job in (wf / "results" / "shards").rglob("job.json"):
+    # Every engine job publishes requests.parquet: one row per request, the engine's timings.
+    jobs = list((wf / "results" / "shards").rglob("job.json"))
+    assert len(jobs) == 6  # 2 engines x 3 layouts
+    for job in jobs:
         req = pd.read_parquet(job.with_name("requests.parquet"))
         engine = json.loads(job.read_text())["engine"]
-        if "backend~pytorch" in str(job):
-            assert req.empty
-            assert engine is None  # engine options are not part of a PyTorch job
-            continue
         assert engine["max_model_len"] == 96
         # generate windows: output_tokens each; prefill windows: 1 new token each
         assert set(req["output_tokens"]) == {CONFIG["workload"]["output_tokens"], 1}

@@ -132,6 +132,31 @@ def test_job_table_holds_exactly_the_jobs_shards(local_run):
 
 
 @pytest.mark.timeout(900)
+def test_pytorch_jobs_run_one_process_per_rank_and_record_no_requests(local_run):
+    """PyTorch's launch mode (the engines' are in test_engine_backends_fake.py): torchrun, one
+    process per rank, each the GPU worker the audit counted; requests.parquet is empty (PyTorch
+    reports no per-request metrics) and job.json has no engine options."""
+    wf, _ = local_run
+    e = pd.read_parquet(wf / "results" / "energy.parquet")
+    got = (
+        e[e["scenario"] == "inference"]
+        .groupby(["tp", "pp", "dp"])
+        .agg(
+            mode=("launch_mode", "first"),
+            pids=("pid", "nunique"),
+            launchers=("launcher_processes", "first"),
+            workers=("gpu_workers", "first"),
+            dps=("dp_rank", "nunique"),
+        )
+    )
+    assert got.loc[(2, 1, 1)].tolist() == ["torchrun", 2, 2, 2, 1]
+    assert got.loc[(1, 1, 2)].tolist() == ["torchrun", 2, 2, 2, 2]
+    for job in (wf / "results" / "shards").rglob("job.json"):
+        assert pd.read_parquet(job.with_name("requests.parquet")).empty
+        assert json.loads(job.read_text())["engine"] is None
+
+
+@pytest.mark.timeout(900)
 def test_dp2_ran_two_processes_with_identical_tokens(local_run):
     wf, _ = local_run
     e = pd.read_parquet(wf / "results" / "energy.parquet")

@@ -123,12 +123,14 @@ def count_parameters(model_dir: str) -> int | None:
 
     No weights are read and no backend internals are needed (TP/PP shards, engines that hide
     their model), and tied weights count once. None if transformers cannot build the model.
+    Local files only: a path that is not a checkpoint here is never looked up on the Hub (a rank
+    on a node without internet would otherwise wait out the Hub client's retries, ~23 s).
     """
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        config = AutoConfig.from_pretrained(model_dir)
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         return int(sum(p.numel() for p in model.parameters()))

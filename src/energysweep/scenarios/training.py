@@ -119,9 +119,11 @@ class TrainingScenario(Scenario):
 
     def end_point(self) -> None:
         if self.trainer is not None:
+            # An Accelerate trainer's close() is Accelerator.free_memory (its prepared objects
+            # dropped, one garbage collection): not a second one per point.
             self.trainer.close()
             self.trainer = None
-        if self.accelerator is not None:
+        elif self.accelerator is not None:
             self.accelerator.free_memory()
 
     def close(self) -> None:

@@ -210,6 +210,7 @@ def _run_as_unit(
             ) from None
         finally:
             disarm()
+            tracker.poll()  # what its processes map now, before they are stopped
             # Also after a clean exit: a rank's helper or engine worker may linger.
             procs.stop(proc, job_id, float(limits.kill_grace_s), log)
             cleanup.release(job_id, tracker.stop(), tmpdir, lock, log)

@@ -18,8 +18,9 @@ One server per batch cap of a job, on 127.0.0.1 and a port from :mod:`energyswee
   server of another job on the port is never measured). A server that exits before it is healthy
   fails at once with its log;
 - **stop**: SIGTERM to the API server (it stops its engine), SIGKILL after the grace period to
-  every process left; then the ``/dev/shm`` files its processes had mapped are removed (vLLM's CPU
-  build leaves its tp/pp shared-memory segments behind);
+  every process left; then the ``/dev/shm`` files its processes had mapped (seen while it
+  started, once healthy, and as it stops) are removed (vLLM's CPU build leaves its tp/pp
+  shared-memory segments behind, and a SIGKILLed engine its executor's named semaphore);
 - its output goes to its own log file, copied into the rule's log when it stops.
 """
 
@@ -225,6 +226,10 @@ class Server:
             raise ServerFailed(self.failure("was never started"))
         deadline = started_at + timeout_s
         while time.monotonic() < deadline:
+            # What it maps while it starts, too: a server that dies before it is healthy has
+            # made its engine's files by then (a semaphore, shared-memory blocks), and a process
+            # SIGKILLed with its resource tracker leaves them behind (stop removes them).
+            self._shm |= shm_files(self.pids())
             if not self.alive():
                 raise ServerFailed(self.failure(f"exited ({proc.returncode}) before healthy"))
             status, _ = http_get(f"{self.base_url}/health", timeout_s=2)
@@ -275,6 +280,7 @@ class Server:
             time.sleep(0.05)
             procs.reap()
         killed = self.pids()
+        self._shm |= shm_files(killed)  # what those about to be SIGKILLed still map
         for pid in killed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

@@ -280,7 +280,6 @@ class Server:
             time.sleep(0.05)
             procs.reap()
         killed = self.pids()
-        self._shm |= shm_files(killed)  # what those about to be SIGKILLed still map
         for pid in killed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,41 @@ def test_env(slurm: bool = False) -> dict:
 
 
 test_env.__test__ = False  # a helper, not a test
+
+SHM = Path("/dev/shm")
+
+
+def shm_in_use() -> set[str]:
+    """Names in /dev/shm that a live process maps or holds open, read from /proc as a person
+    would (independent of energysweep.launch.cleanup)."""
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            used |= {
+                line.split("/dev/shm/", 1)[1].strip().removesuffix(" (deleted)")
+                for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                if "/dev/shm/" in line
+            }
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    used.add(target.removeprefix("/dev/shm/"))
+        except OSError:
+            continue
+    return used
+
+
+def shm_left_since(before: set[str]) -> set[str]:
+    """Entries of /dev/shm new since ``before`` that no live process maps or holds open: what
+    a run left behind. `make test` runs two sessions side by side, so a new entry another
+    session's live engine uses is not a leftover; one unused in two looks 1 s apart is (a
+    segment is briefly neither mapped nor open while its creator goes from one to the other)."""
+    left = set(os.listdir(SHM)) - before - shm_in_use()
+    if left:
+        time.sleep(1)
+        left &= set(os.listdir(SHM)) - shm_in_use()
+    return left
+
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 

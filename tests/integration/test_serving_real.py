@@ -30,7 +30,7 @@ from test_vllm_real import processes_in, tokens
 
 from energysweep.job.sections import Engine, load_section, schema_defaults
 
-from conftest import test_env, vllm_python, workflow_copy
+from conftest import shm_left_since, test_env, vllm_python, workflow_copy
 
 pytestmark = [pytest.mark.integration]
 
@@ -55,10 +55,6 @@ def serving_dir(tp: int, pp: int, dp: int) -> str:
     return f"results/shards/model~tiny-llama/backend~vllm/scenario~serving/tp~{tp}/pp~{pp}/dp~{dp}"
 
 
-def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm"))
-
-
 def _sweep(tmp_path_factory, name: str, config: dict) -> tuple[Path, float]:
     wf = workflow_copy(tmp_path_factory.mktemp(name))
     (wf / "config" / "serving.yaml").write_text(
@@ -76,11 +72,11 @@ def _sweep(tmp_path_factory, name: str, config: dict) -> tuple[Path, float]:
 
 @pytest.fixture(scope="session")
 def served(tmp_path_factory) -> dict:
-    """The sweep, and the /dev/shm entries it left (none may remain)."""
-    before = _shm()
+    """The sweep, and the /dev/shm entries it left that no process uses (none may remain)."""
+    before = set(os.listdir("/dev/shm"))
     wf, wall = _sweep(tmp_path_factory, "serving-rates", RATES)
     print(f"real serving sweep (3 layouts x 2 request rates): {wall:.0f} s")
-    return {"wf": wf, "shm_left": _shm() - before}
+    return {"wf": wf, "shm_left": shm_left_since(before)}
 
 
 def summary(wf: Path) -> pd.DataFrame:
@@ -190,8 +186,9 @@ def test_greedy_tokens_through_the_server_equal_the_offline_engine(served, vllm_
 @pytest.mark.timeout(1800)
 def test_no_server_process_or_shared_memory_outlives_the_jobs(served):
     assert processes_in(served["wf"]) == []
-    left = {f for f in served["shm_left"] if "cpushm" in f or f.startswith(("vllm", "psm_"))}
-    assert not left, left
+    # Any entry: the engine's communicator segments (*-cpushm_<rank>), its shared-memory
+    # blocks (psm_*) and its executor's named semaphore (sem.mp-*) alike.
+    assert not served["shm_left"], served["shm_left"]
 
 
 @pytest.mark.timeout(1800)

@@ -32,7 +32,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import ROOT, test_env, vllm_python, workflow_copy
+from conftest import ROOT, shm_in_use, test_env, vllm_python, workflow_copy
 
 pytestmark = [pytest.mark.integration]
 
@@ -116,22 +116,7 @@ def segments_of(job_id: str) -> list[str]:
 def stale_engine_segments() -> list[str]:
     """vLLM CPU communicator segments that no live process maps or holds open (independent of
     energysweep.launch.cleanup: /proc as a person would read it)."""
-    used = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            used |= {
-                line.split("/dev/shm/", 1)[1].strip().removesuffix(" (deleted)")
-                for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                if "/dev/shm/" in line
-            }
-            fds = Path(f"/proc/{pid}/fd")
-            used |= {
-                os.readlink(fd).removeprefix("/dev/shm/")
-                for fd in fds.iterdir()
-                if os.readlink(fd).startswith("/dev/shm/")
-            }
-        except OSError:
-            continue
+    used = shm_in_use()
     return sorted(n for n in os.listdir(SHM) if ENGINE_SEGMENT.search(n) and n not in used)
 
 

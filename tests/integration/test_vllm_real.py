@@ -282,9 +282,9 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
 @pytest.mark.timeout(900)
 def test_vllm_ranks_measured_their_emulated_gpus(sweep):
     """Each vLLM rank (engine core in the rank, external_launcher) owned one emulated GPU and
-    measured it through NVML; every window's energy is its ground truth's (tests/integration/
-    test_emulated_pipeline.py says why 50 ms of the window's energy bounds the error)."""
-    from emulated_truth import against_truth, assert_matches_truth
+    measured it through NVML; every window's energy is its ground truth's (each window within
+    half a refresh: emulated_truth.HALF_REFRESH_S says why)."""
+    from emulated_truth import HALF_REFRESH_S, against_truth, assert_matches_truth
 
     sweep, _ = sweep
     rows = against_truth(sweep)
@@ -294,7 +294,7 @@ def test_vllm_ranks_measured_their_emulated_gpus(sweep):
     assert (vllm.groupby("job_id")["gpu_uuid"].nunique() == vllm.groupby("job_id")["world_size"]
             .first()).all()  # fmt: skip
     assert vllm["gpu_energy_mj"].gt(0).all()
-    assert_matches_truth(rows)
+    assert_matches_truth(rows, worst_s=HALF_REFRESH_S)
 
 
 @pytest.mark.timeout(900)

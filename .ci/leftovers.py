@@ -65,12 +65,13 @@ def marked_processes(pids: list[int]) -> list[str]:
 
 def shm_in_use(pids: list[int]) -> set[str]:
     """Names in /dev/shm mapped or held open by a live process."""
-    used = set()
+    used, inodes = set(), set()
     for pid in pids:
         for line in _read(f"/proc/{pid}/maps").decode(errors="replace").splitlines():
-            path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-            if path.startswith("/dev/shm/"):
-                used.add(path[len("/dev/shm/") :].removesuffix(" (deleted)"))
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                used.add(parts[5][len("/dev/shm/") :].removesuffix(" (deleted)"))
+                inodes.add(parts[4])
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -78,10 +79,16 @@ def shm_in_use(pids: list[int]) -> set[str]:
         for fd in fds:
             try:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/") :].removesuffix(" (deleted)"))
+                    inodes.add(str(os.stat(f"/proc/{pid}/fd/{fd}").st_ino))
             except OSError:
                 continue
-            if target.startswith("/dev/shm/"):
-                used.add(target[len("/dev/shm/") :])
+    # A named semaphore (sem_open: sem.mp-*) is mapped under the temporary name it was made as,
+    # deleted once linked to its own: the same inode.
+    for entry in os.scandir(SHM):
+        if str(entry.inode()) in inodes:
+            used.add(entry.name)
     return used
 
 

@@ -251,22 +251,24 @@ SHM = Path("/dev/shm")
 
 def shm_in_use() -> set[str]:
     """Names in /dev/shm that a live process maps or holds open, read from /proc as a person
-    would (independent of energysweep.launch.cleanup)."""
-    used = set()
+    would (independent of energysweep.launch.cleanup). By inode too: a named semaphore
+    (sem_open: sem.mp-*) is mapped under the temporary name it was made as, deleted since."""
+    used, inodes = set(), set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            used |= {
-                line.split("/dev/shm/", 1)[1].strip().removesuffix(" (deleted)")
-                for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                if "/dev/shm/" in line
-            }
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                    used.add(parts[5].removeprefix("/dev/shm/").removesuffix(" (deleted)"))
+                    inodes.add(int(parts[4]))
             for fd in Path(f"/proc/{pid}/fd").iterdir():
                 target = os.readlink(fd)
                 if target.startswith("/dev/shm/"):
-                    used.add(target.removeprefix("/dev/shm/"))
+                    used.add(target.removeprefix("/dev/shm/").removesuffix(" (deleted)"))
+                    inodes.add(fd.stat().st_ino)
         except OSError:
             continue
-    return used
+    return used | {e.name for e in os.scandir(SHM) if e.inode() in inodes}
 
 
 def shm_left_since(before: set[str]) -> set[str]:

@@ -294,7 +294,10 @@ def test_vllm_ranks_measured_their_emulated_gpus(sweep):
     assert (vllm.groupby("job_id")["gpu_uuid"].nunique() == vllm.groupby("job_id")["world_size"]
             .first()).all()  # fmt: skip
     assert vllm["gpu_energy_mj"].gt(0).all()
-    assert_matches_truth(rows, worst_s=HALF_REFRESH_S)
+    # Two or three windows per rank here: a rank's median is a window's error, held to the same
+    # half refresh (one CI run: rank 1's median -8.1 ms beside the Slurm session). The rank
+    # bias bound, and the mutations it catches, are test_emulated_pipeline's (same energy code).
+    assert_matches_truth(rows, worst_s=HALF_REFRESH_S, bias_s=HALF_REFRESH_S)
 
 
 @pytest.mark.timeout(900)

@@ -64,6 +64,47 @@ def holder(path: Path, env: dict | None = None) -> subprocess.Popen:
     return proc
 
 
+def semaphore_holder(shm: Path, name: str, env: dict | None = None) -> subprocess.Popen:
+    """A live process holding ``name`` in ``shm`` as glibc's sem_open makes a POSIX named
+    semaphore (Python multiprocessing's ``sem.mp-*``): a temporary file, mapped, linked to its
+    name and unlinked under the first, so /proc/PID/maps shows only ``sem.XXXXXX (deleted)``."""
+    code = (
+        "import mmap, os, sys, time\nd, name = sys.argv[1:]\ntmp = os.path.join(d, 'sem.Xq3Zr1')\n"
+        "f = open(tmp, 'w+b')\nf.write(bytes(32))\nf.flush()\nm = mmap.mmap(f.fileno(), 0)\n"
+        "f.close()\nos.link(tmp, os.path.join(d, name))\nos.unlink(tmp)\n"
+        "print('mapped', flush=True)\ntime.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(shm), name], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout.readline().strip() == "mapped"
+    return proc
+
+
+@pytest.mark.timeout(60)
+def test_a_named_semaphore_is_seen_in_use_by_its_inode_and_released_with_its_job(shm, tmp_path):
+    """vLLM's executor lock (a spawn-context multiprocessing Lock) is such a semaphore: a server
+    whose engine is force-killed leaves it, and only its inode ties it to the processes."""
+    job = job_id()
+    tmpdir, fd = cleanup.claim(job, tmp_path)
+    proc = semaphore_holder(shm, "sem.mp-test1234", env={**os.environ, procs.MARK_VAR: job})
+    tracker = cleanup.Tracker(job, tmpdir, interval_s=0.05, shm=shm).start()
+    try:
+        assert "sem.mp-test1234" in cleanup.shm_in_use([proc.pid], shm)
+        assert "sem.mp-test1234" in cleanup.shm_in_use(shm=shm)
+        deadline = time.monotonic() + 10
+        while "sem.mp-test1234" not in tracker.names and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        tracked = tracker.stop()
+    assert "sem.mp-test1234" in tracked
+    assert "sem.mp-test1234" not in cleanup.shm_in_use(shm=shm)  # its holder is gone
+    cleanup.release(job, tracked, tmpdir, fd, io.StringIO(), shm)
+    assert not (shm / "sem.mp-test1234").exists()
+
+
 @pytest.mark.timeout(60)
 def test_sweep_removes_a_stale_segment_logs_it_and_keeps_live_ones(names, shm, tmp_path):
     dead, live, locked = job_id(), job_id(), job_id()

@@ -85,11 +85,23 @@ def live_jobs() -> set[str]:
 
 
 def shm_in_use(pids=None, shm: Path = SHM) -> set[str]:
-    """Names in ``shm`` that the given processes (default: every live one) map or hold open."""
+    """Names in ``shm`` that the given processes (default: every live one) map or hold open.
+
+    By name and by inode: a POSIX named semaphore (``sem_open``; Python multiprocessing's
+    ``sem.mp-*``, vLLM's executor lock) is made under a temporary name, mapped, linked to its
+    own name and unlinked under the first: /proc/PID/maps shows ``sem.XXXXXX (deleted)``, of
+    the same inode as ``sem.mp-*``.
+    """
     if pids is None:
         pids = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
     where = f"{shm}/"
-    used = set()
+    try:
+        st_dev = os.stat(shm).st_dev
+    except OSError:
+        return set()
+    device = f"{os.major(st_dev):02x}:{os.minor(st_dev):02x}"  # as /proc/PID/maps writes it
+    used: set[str] = set()
+    inodes: set[int] = set()
     for pid in pids:
         with contextlib.suppress(OSError):
             with open(f"/proc/{pid}/maps") as maps:
@@ -97,12 +109,19 @@ def shm_in_use(pids=None, shm: Path = SHM) -> set[str]:
                     i = line.find(f" {where}")
                     if i >= 0:
                         used.add(line[i + len(where) + 1 :].rstrip("\n").removesuffix(" (deleted)"))
+                        fields = line[:i].split()  # address, perms, offset, device, inode
+                        if len(fields) == 5 and fields[3] == device and fields[4].isdigit():
+                            inodes.add(int(fields[4]))
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
                     target = os.readlink(f"/proc/{pid}/fd/{fd}")
                     if target.startswith(where):
-                        used.add(target[len(where) :])
+                        used.add(target[len(where) :].removesuffix(" (deleted)"))
+                        inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+    if inodes:
+        with contextlib.suppress(OSError):
+            used |= {e.name for e in os.scandir(shm) if e.inode() in inodes}
     return used
 
 

@@ -19,8 +19,9 @@ One server per batch cap of a job, on 127.0.0.1 and a port from :mod:`energyswee
   fails at once with its log;
 - **stop**: SIGTERM to the API server (it stops its engine), SIGKILL after the grace period to
   every process left; then the ``/dev/shm`` files its processes had mapped (seen while it
-  started, once healthy, and as it stops) are removed (vLLM's CPU build leaves its tp/pp
-  shared-memory segments behind, and a SIGKILLed engine its executor's named semaphore);
+  started, once healthy, and as it stops; a named semaphore by its inode, cleanup.shm_in_use)
+  are removed (vLLM's CPU build leaves its tp/pp shared-memory segments behind, and an engine
+  it force-kills as it shuts down, its executor's named semaphore ``sem.mp-*``);
 - its output goes to its own log file, copied into the rule's log when it stops.
 """
 
@@ -41,7 +42,7 @@ from energysweep.job.backends import backend
 from energysweep.job.layout import ParallelLayout
 from energysweep.job.sections import Engine
 from energysweep.job.spec import LaunchedJob
-from energysweep.launch import procs
+from energysweep.launch import cleanup, procs
 from energysweep.util.http import http_get
 
 HOST = "127.0.0.1"
@@ -151,18 +152,6 @@ def _ppid(pid: int) -> int:
         return 0
 
 
-def shm_files(pids: list[int]) -> set[str]:
-    """``/dev/shm`` files mapped by ``pids`` (from /proc/PID/maps)."""
-    found = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                    found.add(parts[5].removesuffix(" (deleted)"))
-    return found
-
-
 def _suffix(title: str, tag: str) -> int:
     """The number after ``_<tag>`` in a vLLM process title (0 when absent)."""
     for part in (title.split() or [""])[0].split("_")[1:]:
@@ -229,12 +218,12 @@ class Server:
             # What it maps while it starts, too: a server that dies before it is healthy has
             # made its engine's files by then (a semaphore, shared-memory blocks), and a process
             # SIGKILLed with its resource tracker leaves them behind (stop removes them).
-            self._shm |= shm_files(self.pids())
+            self._shm |= cleanup.shm_in_use(self.pids())
             if not self.alive():
                 raise ServerFailed(self.failure(f"exited ({proc.returncode}) before healthy"))
             status, _ = http_get(f"{self.base_url}/health", timeout_s=2)
             if status == 200 and self._serves_our_model():
-                self._shm |= shm_files(self.pids())
+                self._shm |= cleanup.shm_in_use(self.pids())
                 return time.monotonic() - started_at
             time.sleep(POLL_S)
         raise ServerFailed(
@@ -271,7 +260,7 @@ class Server:
         """Stop every process of the server (module docstring); the pids that needed SIGKILL."""
         if self.proc is None:
             return []
-        self._shm |= shm_files(self.pids())
+        self._shm |= cleanup.shm_in_use(self.pids())
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
@@ -290,9 +279,9 @@ class Server:
             time.sleep(0.05)
             procs.reap()
         procs.reap()
-        for path in sorted(self._shm):
+        for name in sorted(self._shm):
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                (cleanup.SHM / name).unlink()
         return killed
 
     def log_tail(self, lines: int = 60) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from emulated_truth import HALF_REFRESH_S, against_truth
+from emulated_truth import against_truth
 from test_vllm_real import CONFIG as OFFLINE
 
 from energysweep.hw.emulated.profiles import PROFILES
@@ -58,10 +58,12 @@ PROFILE = PROFILES["h100-sxm"]
 # goes on serving there (the drain) with a power that changes every few ms, so that estimate is
 # off by up to a refresh period of the change: measured on this machine (2 cores, shared), median
 # 14 and 16 ms, worst 42 and 21 ms, in two sweeps of 4 windows of ~1 s (120 ms median before
-# the serving window's start edge was aligned to the counters). Each window is held to half a
-# refresh (emulated_truth.HALF_REFRESH_S: the 25 ms of the pipeline's windows failed a CI run
-# at 44.6 ms, one such drain beside the Slurm session).
+# the serving window's start edge was aligned to the counters). Each window is held to that
+# refresh period of the change, at most a whole refresh (100 ms): with the Slurm session beside,
+# CI runs of 2026-11-28 saw worst windows of 44.6 and 53.0 ms (medians 6 and 18 ms), over the
+# 25 ms of the pipeline's windows and over half a refresh. An edge two refreshes off fails.
 SERVING_MEDIAN_ERROR_S = 0.025
+SERVING_WORST_ERROR_S = PROFILE.counter_period_s
 # J/request of every point below the knee, against the truth / the server's own request count
 # (README "Serving"): within 1%.
 JOULES_PER_REQUEST_PCT = 1.0
@@ -130,7 +132,7 @@ def test_window_energy_and_joules_per_request_match_the_ground_truth(served):
     assert len(rows) == 4
     error_s = (rows["gpu_energy_mj"] - rows["truth_mj"]).abs() / rows["truth_mj"] * rows["window_s"]
     print(rows[["load", "repetition", "window_s", "error_pct"]].assign(error_ms=1e3 * error_s))
-    assert error_s.median() <= SERVING_MEDIAN_ERROR_S and error_s.max() <= HALF_REFRESH_S
+    assert error_s.median() <= SERVING_MEDIAN_ERROR_S and error_s.max() <= SERVING_WORST_ERROR_S
     # J/request of each point: the median over its repetitions of the window's true joules
     # (summed over the job's GPUs) per request the *server* says it completed in the window
     # (its own counter, read at the edges): a window whose requests and energy ran over

@@ -34,6 +34,8 @@ import psutil
 import pytest
 import yaml
 
+from energysweep.launch import cleanup
+
 from conftest import ROOT, SHARED_DIR_ENV, shm_in_use, test_env, vllm_python, workflow_copy
 
 pytestmark = [pytest.mark.integration]
@@ -142,6 +144,7 @@ def kill_measure_step_once_segments_exist(wf: Path, config: dict, job: tuple) ->
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    lock_fd = None
     try:
         deadline = time.monotonic() + 300
         while len(made()) < job[1] and time.monotonic() < deadline and run.poll() is None:
@@ -151,7 +154,7 @@ def kill_measure_step_once_segments_exist(wf: Path, config: dict, job: tuple) ->
         # jobs left: the killed job's lock is taken over the moment its step dies (a waiting
         # flock), so its segments count as a live job's until they are listed here.
         tmpdir = Path(tempfile.gettempdir()) / f"energysweep-job-{spec_job_id(wf, job)[:16]}"
-        lock_fd = os.open(tmpdir / ".lock", os.O_RDWR)  # cleanup.LOCK
+        lock_fd = os.open(tmpdir / cleanup.LOCK, os.O_RDWR)
         waiter = threading.Thread(target=fcntl.flock, args=(lock_fd, fcntl.LOCK_EX), daemon=True)
         waiter.start()
         step = next(
@@ -169,7 +172,7 @@ def kill_measure_step_once_segments_exist(wf: Path, config: dict, job: tuple) ->
         if run.poll() is None:
             run.kill()
             run.wait(timeout=60)
-        if "lock_fd" in locals():
+        if lock_fd is not None:
             os.close(lock_fd)  # the job is gone: the next job to start sweeps what it left
     assert run.returncode != 0
     assert processes_in(wf) == []

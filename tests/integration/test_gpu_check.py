@@ -67,3 +67,6 @@ def test_gpu_check_runs_the_sweep_and_holds_it_to_the_independent_reader(tmp_pat
     for job in j["jobs"]:
         assert 0.05 < job["window_fraction"] < 1
         assert job["warmup"] and all(w["iterations"] >= 1 for w in job["warmup"])
+        # Where the wall went (printed under the fraction): phases that add up to it.
+        assert sum(job["phases_s"].values()) == pytest.approx(job["wall_s"], abs=1.0)
+        assert f"  {job['scenario']} " in text

@@ -69,6 +69,8 @@ def test_window_fraction_and_the_table():
         {"job_id": k, "job": {"scenario": s}, "timing": {"window_s": w, "rank0_wall_s": t}}
         for k, s, w, t in (("a", "inference", 30, 100), ("b", "training", 20, 50))
     ]
+    jobs[0]["timing"]["phases_s"] = {"start": 9.0, "load": 41.0, "window": 30.0, "edges": 0.01,
+                                     "cooldown": 20.0}  # fmt: skip
     j = figs.job_figures(jobs)
     assert j["window_fraction"] == pytest.approx(50 / 150)
     assert [x["window_fraction"] for x in j["jobs"]] == [pytest.approx(0.3), pytest.approx(0.4)]
@@ -77,3 +79,6 @@ def test_window_fraction_and_the_table():
     assert "shared-GPU check: not checked" in text
     assert "valid points: 0 of 1; reasons: emulated 1" in text
     assert "window fraction (wall in windows / job wall): 33%" in text
+    # Where each job's wall went, phases under 0.05 s left out; a job without phases, no line.
+    assert "  inference 100.0 s: start 9.0, load 41.0, window 30.0, cooldown 20.0" in text
+    assert "  training" not in text

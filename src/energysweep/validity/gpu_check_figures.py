@@ -153,8 +153,9 @@ def verdict_figures(summary: pd.DataFrame, reasons_known: set[str]) -> dict:
 
 
 def job_figures(jobs: list[dict]) -> dict:
-    """Each job's window fraction (wall in windows / the job's wall) and warm-up, and the
-    sweep's (windows' total over the jobs' total)."""
+    """Each job's window fraction (wall in windows / the job's wall), warm-up and phases (where
+    its rank-0 wall went: job.json ``timing.phases_s``), and the sweep's fraction (windows'
+    total over the jobs' total)."""
     per_job, win, wall = [], 0.0, 0.0
     for job in jobs:
         t = job.get("timing") or {}
@@ -167,6 +168,7 @@ def job_figures(jobs: list[dict]) -> dict:
                 "window_s": w,
                 "window_fraction": w / total if w is not None and total else None,
                 "warmup": t.get("warmup"),
+                "phases_s": t.get("phases_s"),
             }
         )
         if w is not None and total:
@@ -224,4 +226,9 @@ def table(fig: dict) -> str:
         )
         total = _f(j.get("window_fraction"), ".0%")
         lines.append(f"window fraction (wall in windows / job wall): {total} ({each})")
+        for x in j.get("jobs", []):
+            phases = x.get("phases_s") or {}
+            spent = ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if v >= 0.05)
+            if spent:
+                lines.append(f"  {x['scenario']} {_f(x['wall_s'], '.1f')} s: {spent}")
     return "\n".join(lines)

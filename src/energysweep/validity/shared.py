@@ -10,8 +10,9 @@ jobs. Nothing is dropped: every row stays in the shards and in energy.parquet.
 
 ``edge_read_slow``: a read of the energy counter that fixed a refresh at a window edge took
 longer than :data:`energysweep.energy.ticks.SLOW_READ_FRACTION` of the counter period (its
-bracketing timestamps; the H200 took 2.8 ms median, 185 ms once under load), even after the
-source's retries: the refresh's time, and so the edge correction, is uncertain by that much.
+bracketing timestamps, a late wake-up of the poll before it included; the H200 took 2.8 ms
+median, 185 ms once under load), even after the source's retries: the refresh's time, and so
+the edge correction, is uncertain by that much.
 
 Summary columns: ``gpu_shared_windows`` (ok windows of the point on a shared GPU),
 ``gpu_shared_detail``, ``gpu_process_check`` (ok, or why the process list could not be read),

@@ -77,10 +77,11 @@ LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # (physics.last_tick, the profile's delay) gives the four windows within 1.3 J of the truth, so the
 # method is not what failed; what the ranks read at run time was. Both GPUs' owner threads were
 # starved around the edges (truth samples 92-122 ms apart, against 4 ms), and while an owner is
-# starved a reader's hold sample carries the last sampled power (hw/emulated/node.py), busy after
-# the window's end: the end edge extrapolates the next refresh interval's power back over a span
-# the emulator kept busy. A real GPU's counter does not depend on a CPU thread. Unproven: the next
-# step is to log each edge's reads and the owner's samples in such a run.
+# starved a reader's hold sample carries the last sampled power (hw/emulated/node.py), whatever
+# the rank does meanwhile: the power around the edges then steps where the owner wakes, not where
+# the rank's work changed, and the edges' extrapolations assume it constant. A real GPU's counter
+# does not depend on a CPU thread. Unproven: the next step is to log each edge's reads and the
+# owner's samples in such a run.
 SLURM_WORST_ERROR_S = 0.45
 SLURM_RANK_BIAS_S = 0.05  # one 2-node run: a GPU's median -32.7 ms (the same unexplained edge)
 SLURM_LONG_ERROR_PCT = 10.0  # one refresh of a 1 s window's power

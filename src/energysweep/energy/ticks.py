@@ -35,8 +35,8 @@ TIMEOUT_S = 1.5
 # its refresh is not used, and the next one is awaited, up to SLOW_RETRIES times; then it is
 # used and reported (the verdict's edge_read_slow). So does a poll that wakes late (a process
 # descheduled on a busy host): the time between two reads beyond the poll's sleep and the reads
-# themselves counts as this read's. Unchecked, a poll woken 70-250 ms late put 0.8 s windows
-# 1.7% off on the emulated H200 with nothing reported (0.16% when it woke 30 ms late;
+# themselves counts as this read's. Unchecked, one poll woken 70 or 250 ms late at each edge put
+# 0.8 s windows up to 0.8% or 3.2% off on the emulated H200 with nothing reported (now < 0.1%:
 # tests/unit/test_energy_alignment.py::test_a_poll_that_wakes_late_is_retried_like_a_slow_read).
 SLOW_READ_FRACTION = 0.25
 COUNTER_PERIOD_S = 0.1

@@ -59,8 +59,6 @@ def _late(r1: list[float], t0: list[float], t1: list[float], poll_s: float) -> f
     """Time lost between the previous round of reads (ends ``r1``) and this one (``t0``..``t1``)
     beyond the poll's sleep and the reads themselves: a late wake-up, or a pause between two
     GPUs' reads. A refresh seen in this round happened somewhere in that time too."""
-    if not t1:
-        return 0.0
     reads = sum(b - a for a, b in set(zip(t0, t1, strict=True)))  # plain reads: one bracket
     return max(0.0, (max(t1) - max(r1)) - reads - poll_s)
 

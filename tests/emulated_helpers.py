@@ -64,6 +64,7 @@ class VirtualJob:
         self.clock.sleep = self.sleep
         self.nvml.emulated_driver.sleep = self.sleep
         self.busy = False
+        self.level: float | None = None  # a load other than busy / idle, while set
         self.owner = emulated.Owner(
             self.node, list(range(gpus)), emulated.FunctionActivity(lambda t: self.load())
         )
@@ -72,6 +73,8 @@ class VirtualJob:
         self.uuids = [g.uuid for g in self.node.gpus[:gpus]]
 
     def load(self) -> float:
+        if self.level is not None:
+            return self.level
         return 0.8 if self.busy else 0.0
 
     def sleep(self, seconds: float) -> None:

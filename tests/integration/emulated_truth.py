@@ -70,23 +70,21 @@ LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # it is, they keep main's former per-window bound (0.45 s), a per-rank/GPU median of 50 ms, and
 # check placement and the cluster's behaviour; the tight bounds, and the mutations they catch,
 # are test_emulated_pipeline's.
-# A lead (2026-11-28, `make test` from a fresh clone, test_multinode_sweep_matches_single_process
-# red at this bound: ranks 0 and 1, both on esnode1, of one 1.72 s train window 151 and 93 ms off,
-# rank medians -67 / -56 ms over two windows each, their edge reads 8.8-11.3 ms, none late). The
-# edge method applied to that job's recorded truth at the emulated counter's own refresh instants
-# (physics.last_tick, the profile's delay) gives the four windows within 1.3 J of the truth, so the
-# method is not what failed; what the ranks read at run time was. Both GPUs' owner threads were
-# starved around the edges (truth samples 92-122 ms apart, against 4 ms), and while an owner is
-# starved a reader's hold sample carries the last sampled power (hw/emulated/node.py), whatever
-# the rank does meanwhile: the power around the edges then steps where the owner wakes, not where
-# the rank's work changed, and the edges' extrapolations assume it constant. A real GPU's counter
-# does not depend on a CPU thread. The same check on test_emulated_pipeline's one red window of
-# the next fresh-clone run (a 0.63 s pp=2 generate window, -52 ms, edge reads <= 5.4 ms, owner
-# gaps <= 18 ms at its edges): the method on the recorded truth is within 0.1 J, and within 2.9 J
-# with any of the refreshes a retry could have used instead; the rank measured -12.2 J. So what
-# the counter showed at run time and the truth written afterwards differ by more than the
-# method's own error. Unproven where: the next step is to log each edge's reads beside the
-# owner's samples in such a run.
+# Explained (2026-11-28), for the failures of test_emulated_pipeline at these bounds (a 1.12 s
+# pp=2 generate window -24.5 ms in CI, a 0.63 s one -52 ms before): the start edge extrapolated
+# from the two refreshes its rank saw in `prepare`, across all of the barrier that then waited for
+# the slower rank. The rank's polling stopped there, its emulated GPU fell to idle (the CI
+# window's truth: ~130 W over the 200 ms before the edge, against 170-180 W while it polled; the
+# other rank's did not fall), and prepare's power stood for the whole wait: extrapolated from the
+# refreshes 2-3 periods before the edge, the start value is 8.1-10.9 J high on the recorded
+# truth, and that window measured 10.1 J low. The start edge now watches the counters through the
+# barrier (energy/ticks.py, Watch with latest; energysweep.dist.barrier): checked by
+# test_the_start_edge_extrapolates_from_the_refreshes_before_the_barrier_ends (unit tests).
+# The Slurm sweeps keep their bounds below: after the fix, the 2-node sweep's four ranks still had
+# medians of -9.8 to -12.1 ms over two 1.5-1.8 s windows (within 17.5 ms each), not explained.
+# (Their rows carry the window's edges, the earliest start and latest end over ranks, not each
+# rank's own (aggregate/windows.py combine_ranks): a skew between the ranks' edges counts against
+# the ranks inside them, but not against the rank at both extremes, and all four were low.)
 SLURM_WORST_ERROR_S = 0.45
 SLURM_RANK_BIAS_S = 0.05  # one 2-node run: a GPU's median -32.7 ms (the same unexplained edge)
 SLURM_LONG_ERROR_PCT = 10.0  # one refresh of a 1 s window's power

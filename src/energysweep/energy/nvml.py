@@ -73,8 +73,8 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._start: list[float] | None = None
         self._raw_start: list[int] = []
         self._unaligned: list[int] = []
-        # Per GPU (counter at its last refresh, that refresh's time or None, power in mW).
-        self._anchor: list[tuple[int, float | None, float]] | None = None
+        # The start edge's refreshes, watched from prepare() to begin().
+        self._start_watch: ticks.Watch | None = None
         self._start_ns: int | None = None
         # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
         self._edge_s = [0.0] * len(self._gpus)
@@ -92,30 +92,44 @@ class NvmlSource(EnergySource[list[GpuReading]]):
             out.append((value, t0, self._clock()))
         return out
 
-    def _refreshes(self, count: int):
+    def _watch(self, count: int, latest: bool = False) -> ticks.Watch:
+        """A watch of every GPU's refreshes, polled until each has ``count`` of them."""
         t0 = self._clock()
-        slowest: list[float] = []
-        first, seen = ticks.refreshes(
+        watch = ticks.Watch(
             self._read_bracketed,
             count,
             self._clock,
             self._sleep,
             timeout_s=ticks.TIMEOUT_S,
-            slowest=slowest,
+            latest=latest,
         )
+        while watch.pending():
+            watch.poll()
         self.waited_s += self._clock() - t0
-        # The slowest read behind an edge of this window (prepare, then end).
-        self._edge_s = [max(a, b) for a, b in zip(self._edge_s, slowest, strict=True)]
-        return first, seen
+        return watch
 
     def prepare(self) -> None:
         """Before the start edge: wait for two refreshes of each counter (the second gives the
-        GPU's power just before the window)."""
-        self._anchor = self._anchors()
+        GPU's power just before the window), then go on watching them (:meth:`track`)."""
+        self._start_watch = self._watch(2, latest=True)
+
+    def track(self) -> None:
+        """While the rank waits between :meth:`prepare` and :meth:`begin` (the barrier): one
+        round of polls, so the start edge extrapolates from the latest refreshes."""
+        if self._start_watch is None:
+            super().track()
+            return
+        t0 = self._clock()
+        self._start_watch.poll()
+        self.waited_s += self._clock() - t0
 
     def _anchors(self) -> list[tuple[int, float | None, float]]:
-        self._edge_s = [0.0] * len(self._gpus)  # a new window's edges
-        _, seen = self._refreshes(2)
+        """Per GPU (counter at its latest refresh, that refresh's time or None, power in mW)
+        from the start edge's watch (:meth:`prepare`, made now where it was not called)."""
+        watch = self._start_watch or self._watch(2, latest=True)
+        self._start_watch = None
+        seen = watch.seen
+        self._edge_s = watch.slowest  # a new window's edges
         now = self._read() if any(len(s) < 2 for s in seen) else []
         anchors: list[tuple[int, float | None, float]] = []
         for i, s in enumerate(seen):
@@ -127,21 +141,23 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         return anchors
 
     def begin(self) -> None:
-        """The start edge: each counter at its last refresh plus the energy since, at the power
-        before the window (a few ms at most after :meth:`prepare` and the barrier)."""
-        anchor = self._anchor if self._anchor is not None else self._anchors()
+        """The start edge: each counter at its latest refresh plus the energy since, at the power
+        between its two latest refreshes (less than a period before: the rank watched its
+        counters through the barrier, :meth:`track`)."""
+        anchor = self._anchors()
         now = self._clock()
         self._raw_start = [v for v, _, _ in anchor]  # counter values: backwards check
         self._start = [v if t is None else v + mw * (now - t) for v, t, mw in anchor]
         self._unaligned = [i for i, (_, t, _) in enumerate(anchor) if t is None]
-        self._anchor = None
         self._start_ns = wall_ns()
 
     def _end_values(self, t_end: float) -> tuple[list[float], list[int]]:
         """Each GPU's counter at the end edge: at its first refresh after it, less the idle
         energy from the edge to that refresh (the second refresh gives the idle power); never
         below the counter read at the edge (which holds less than the window's energy)."""
-        at_edge, seen = self._refreshes(2)
+        watch = self._watch(2)
+        at_edge, seen = watch.first, watch.seen
+        self._edge_s = [max(a, b) for a, b in zip(self._edge_s, watch.slowest, strict=True)]
         now = self._read() if any(len(s) < 2 for s in seen) else []
         out = []
         for i, (g, s) in enumerate(zip(self._gpus, seen, strict=True)):

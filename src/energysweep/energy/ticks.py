@@ -5,9 +5,10 @@ datacenter GPUs). A counter read at a window edge shows the energy up to the *la
 up to one period of energy is misplaced at each edge: up to 2% of a 5 s window at a load step,
 the physical limit of reading the counter at the edges. Aligning the edges removes it:
 
-- start edge: poll until the counter refreshes twice just before the window (all ranks, then a
-  barrier); the start value is the last refresh plus the power between the two refreshes times
-  the few ms from that refresh to the edge;
+- start edge: poll until the counter refreshes twice just before the window (all ranks), and go
+  on polling through the barrier that waits for the slowest rank (:class:`Watch` with
+  ``latest``); the start value is the latest refresh plus the power between the two latest
+  refreshes times the time from that refresh to the edge (less than a period);
 - end edge: poll until the counter refreshes (the reading then holds all of the window's energy
   and the idle GPU's energy since the end edge), and once more; the second refresh gives the
   idle GPU's power, which times the time from the end edge to the first refresh is subtracted.
@@ -63,6 +64,92 @@ def _late(r1: list[float], t0: list[float], t1: list[float], poll_s: float) -> f
     return max(0.0, (max(t1) - max(r1)) - reads - poll_s)
 
 
+class Watch:
+    """Every GPU's counter refreshes as they are seen, one round of reads per :meth:`poll`.
+
+    A refresh's time is halfway between the end of the last read of the old value and the end
+    of the first read of the new one (``clock()``). A GPU is *pending* until it has ``count``
+    refreshes, or until its counter has not refreshed for ``timeout_s`` (a stuck counter). A
+    refresh of a pending GPU seen through a slow read (that read or the one before it, a late
+    wake-up before it included, over ``slow_s``) is skipped for the next one, at most
+    :data:`SLOW_RETRIES` times (module docstring); then it is used, and its read reported in
+    :attr:`slowest`.
+
+    With ``latest``, a GPU that has its ``count`` refreshes goes on being watched: each newer
+    refresh replaces the oldest, and one seen through a slow read is skipped (the older ones
+    stand). The start edge uses it: the refreshes it extrapolates from are then the latest ones
+    before the edge, however long the other ranks keep this one at the barrier (the GPU's power
+    may change meanwhile, and its rank is no longer polling it but waiting).
+
+    Args:
+        read: returns the current counter value of every GPU (one list), each value plain or
+            as (value, read start, read end).
+    """
+
+    def __init__(
+        self,
+        read,
+        count: int,
+        clock=time.perf_counter,
+        sleep=time.sleep,
+        poll_s: float = POLL_S,
+        timeout_s: float = TIMEOUT_S,
+        slow_s: float = SLOW_READ_S,
+        latest: bool = False,
+    ):
+        self._read, self._clock, self._sleep = read, clock, sleep
+        self.count, self.poll_s, self.timeout_s, self.slow_s = count, poll_s, timeout_s, slow_s
+        self.latest = latest
+        self.last, self.r0, self.r1 = _bracketed(read, clock)
+        self.first = self.last  # the values when the watch began
+        n = len(self.last)
+        # Per GPU: its refreshes (value, time) and the read behind each, s.
+        self.seen: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        self._took: list[list[float]] = [[] for _ in range(n)]
+        self._since = [self.r1[0] if n else clock()] * n
+        self._retries = [0] * n
+
+    def pending(self) -> list[int]:
+        """The GPUs still waiting for refreshes (fewer than ``count``, counter not stuck)."""
+        now = self._clock()
+        return [
+            i
+            for i, s in enumerate(self.seen)
+            if len(s) < self.count and now - self._since[i] < self.timeout_s
+        ]
+
+    @property
+    def slowest(self) -> list[float]:
+        """Per GPU the longest read, in s, behind a refresh it keeps (with the time lost before
+        it, where its poll woke late)."""
+        return [max(t, default=0.0) for t in self._took]
+
+    def poll(self) -> None:
+        """Wait ``poll_s``, read every GPU, and record the refreshes seen (class docstring)."""
+        watched = set(self.pending())
+        if self.latest:
+            watched |= {i for i, s in enumerate(self.seen) if len(s) >= self.count}
+        self._sleep(self.poll_s)
+        values, t0, t1 = _bracketed(self._read, self._clock)
+        late = _late(self.r1, t0, t1, self.poll_s)
+        for i in sorted(watched):
+            if values[i] == self.last[i]:
+                continue
+            took = max(self.r1[i] - self.r0[i], t1[i] - t0[i] + late)
+            if took > self.slow_s:
+                if len(self.seen[i]) >= self.count:
+                    continue  # a newer refresh, imprecisely timed: the ones kept stand
+                if self._retries[i] < SLOW_RETRIES:
+                    self._retries[i] += 1  # its time is uncertain by ``took``: wait for the next
+                    continue
+            # The refresh happened between the previous read and this one: the midpoint.
+            self.seen[i].append((values[i], (self.r1[i] + t1[i]) / 2))
+            self._took[i].append(took)
+            del self.seen[i][: -self.count], self._took[i][: -self.count]
+            self._since[i] = t1[i]
+        self.last, self.r0, self.r1 = values, t0, t1
+
+
 def refreshes(
     read,
     count: int,
@@ -73,46 +160,16 @@ def refreshes(
     slow_s: float = SLOW_READ_S,
     slowest: list[float] | None = None,
 ) -> tuple[list[int], list[list[tuple[int, float]]]]:
-    """The values now, and the first ``count`` refreshes of every GPU's counter: per GPU a list
-    of (value, time), the time halfway between the end of the last read of the old value and
-    the end of the first read of the new one (``clock()``); shorter where a counter did not
-    refresh within ``timeout_s`` of the previous one.
-
-    A refresh seen through a read slower than ``slow_s`` (that read or the one before it, a
-    late wake-up before it included) is skipped for the next one, at most
-    :data:`SLOW_RETRIES` times per GPU (module docstring).
+    """The values now, and the first ``count`` refreshes of every GPU's counter (a
+    :class:`Watch` polled until no GPU is pending): per GPU a list of (value, time); shorter
+    where a counter did not refresh within ``timeout_s`` of the previous one.
 
     Args:
-        read: returns the current counter value of every GPU (one list), each value plain or
-            as (value, read start, read end).
-        slowest: filled (per GPU) with the longest read, in s, behind a refresh it returns
-            (with the time lost before it, where its poll woke late).
+        slowest: filled (per GPU) with :attr:`Watch.slowest`.
     """
-    last, r0, r1 = _bracketed(read, clock)
-    first = last
-    n = len(last)
-    seen: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    since = [r1[0] if n else clock()] * n
-    retries = [0] * n
-    worst = [0.0] * n
-    while True:
-        now = clock()
-        pending = [i for i in range(n) if len(seen[i]) < count and now - since[i] < timeout_s]
-        if not pending:
-            if slowest is not None:
-                slowest[:] = worst
-            return first, seen
-        sleep(poll_s)
-        values, t0, t1 = _bracketed(read, clock)
-        late = _late(r1, t0, t1, poll_s)
-        for i in pending:
-            if values[i] != last[i]:
-                took = max(r1[i] - r0[i], t1[i] - t0[i] + late)
-                if took > slow_s and retries[i] < SLOW_RETRIES:
-                    retries[i] += 1  # its time is uncertain by ``took``: wait for the next one
-                    continue
-                # The refresh happened between the previous read and this one: the midpoint.
-                seen[i].append((values[i], (r1[i] + t1[i]) / 2))
-                worst[i] = max(worst[i], took)
-                since[i] = t1[i]
-        last, r0, r1 = values, t0, t1
+    watch = Watch(read, count, clock, sleep, poll_s, timeout_s, slow_s)
+    while watch.pending():
+        watch.poll()
+    if slowest is not None:
+        slowest[:] = watch.slowest
+    return watch.first, watch.seen

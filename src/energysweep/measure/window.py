@@ -5,8 +5,10 @@ it lasts at least ``measurement.min_window_s`` *and* ran at least the scenario's
 iterations (``workload.iterations``, ``training.steps``). All ranks stop after the same iteration:
 the decision uses the shortest elapsed time over ranks, exchanged at chunk boundaries (usually
 once). The GPU energy source aligns both edges to its counters' refreshes (energy/ticks.py): before
-the start edge every rank waits for its counters' refreshes (``prepare``, then a barrier), the end
-edge reads after the next refreshes.
+the start edge every rank waits for its counters' refreshes (``prepare``), then for the other
+ranks at a barrier, watching its counters meanwhile (``track``: the start edge extrapolates from
+the latest refreshes, not from ones the slowest rank's wait left behind); the end edge reads after
+the next refreshes.
 
 How every rank's rows of a window are then combined (tokens, edges, energy) has one home:
 :mod:`energysweep.aggregate.windows`.
@@ -73,7 +75,7 @@ def measure_window(
     align_s = clock()
     energy.prepare()
     align_s = clock() - align_s
-    dist.barrier()
+    dist.barrier(while_waiting=energy.track)  # the start edge's refreshes: the latest ones
     energy.begin()
     host.begin()
     cpu.begin()

@@ -82,9 +82,9 @@ LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # test_the_start_edge_extrapolates_from_the_refreshes_before_the_barrier_ends (unit tests).
 # The Slurm sweeps keep their bounds below: after the fix, the 2-node sweep's four ranks still had
 # medians of -9.8 to -12.1 ms over two 1.5-1.8 s windows (within 17.5 ms each), not explained.
-# (Their rows carry the window's edges, the earliest start and latest end over ranks, not each
-# rank's own (aggregate/windows.py combine_ranks): a skew between the ranks' edges counts against
-# the ranks inside them, but not against the rank at both extremes, and all four were low.)
+# A candidate, unchecked: their rows carry the window's edges, the earliest start and latest end
+# over ranks, not each rank's own (aggregate/windows.py combine_ranks), so a skew between the
+# ranks' edges counts against every rank that is not first at the start and last at the end.
 SLURM_WORST_ERROR_S = 0.45
 SLURM_RANK_BIAS_S = 0.05  # one 2-node run: a GPU's median -32.7 ms (the same unexplained edge)
 SLURM_LONG_ERROR_PCT = 10.0  # one refresh of a 1 s window's power

@@ -129,22 +129,28 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     assert (shards["phase"] == "serve").all()
     w = shards.assign(s=(shards["window_end_ns"] - shards["window_start_ns"]) / 1e9)
     assert (w["s"] >= 1.0).all() and (w["requests"] >= 4).all() and (w["ramp_s"] > 0).all()
-    for col in ("ttft_p99_s", "tpot_p50_s", "itl_p50_s", "e2e_p99_s", "achieved_concurrency",
-                "queue_time_mean_s", "arrival_rate_rps", "load_sustained"):  # fmt: skip
+    for col in ("ttft_p99_s", "tpot_p50_s", "itl_p50_s", "e2e_p99_s", "arrival_rate_rps",
+                "load_sustained"):  # fmt: skip
         assert shards[col].notna().all(), col
+    # The server's /metrics: a value, or null with its reason (at overload, under CI's load, one
+    # server's /metrics could not be read at an edge: 2026-11-28).
+    status = shards["serving_status"]
+    for col, reason in (("achieved_concurrency", "queue-unavailable ("),
+                        ("queue_time_mean_s", "queue-time-unavailable (")):  # fmt: skip
+        assert (shards[col].notna() | status.str.contains(reason, regex=False)).all(), col
+        assert shards.loc[shards["load"] == "rate=4", col].notna().all(), col
     assert (shards["request_errors"] == 0).all()
     # The server's own count of the window's requests, read at the same edges: ours within a
     # request (one ending within the /metrics read's delay of an edge falls either side); null,
     # said so, where the server answered its /metrics more than 100 ms after an edge. Below
     # overload, on every layout: one server's two windows both went uncounted under the two
     # pytest sessions' load (CI run of 2026-11-28: it answered 224 and 463 ms after the edges).
-    counted = shards["server_requests_completed"].notna()
-    assert (shards["serving_status"] == "ok").eq(counted).all(), shards["serving_status"]
     every = pd.concat(
         [pd.read_parquet(served["wf"] / serving_dir(*lay) / "shards.parquet") for lay in LAYOUTS]
     )
     counted = every["server_requests_completed"].notna()
-    assert every.loc[~counted, "serving_status"].str.contains("ms after an edge").all()
+    said = every["serving_status"].str.contains("server-count-unavailable (", regex=False)
+    assert counted.ne(said).all(), every["serving_status"]
     below = every[counted & (every["load"] == "rate=4")]
     assert len(below) >= 1, every["serving_status"]
     assert (below["server_requests_completed"] - below["requests"]).abs().max() <= 1, below

@@ -204,8 +204,11 @@ def test_parse_metrics_sums_label_sets_and_skips_comments():
     got = parse_metrics(text, wanted)
     assert got == {"running": 5.0, "waiting": 7.0, "queue_time_sum": 1.5, "queue_time_count": 3.0}
     later = {**got, "queue_time_sum": 3.5, "queue_time_count": 7.0}
-    assert queue_time_mean_s(got, later) == pytest.approx(0.5)
-    assert queue_time_mean_s(got, None) is None and queue_time_mean_s(got, got) is None
+    assert queue_time_mean_s(got, later) == (pytest.approx(0.5), None)
+    # Null with its reason (serving_status): a failed read, no histogram, nothing scheduled.
+    assert queue_time_mean_s(got, None) == (None, "/metrics not readable at an edge")
+    assert queue_time_mean_s(got, {"running": 1.0})[1] == "no queue-time histogram in /metrics"
+    assert queue_time_mean_s(got, got)[1] == "the engine scheduled no request inside the window"
 
 
 def test_the_servers_own_count_sums_finished_label_sets_and_says_why_it_is_missing():

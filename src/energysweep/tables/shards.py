@@ -206,7 +206,8 @@ itl_p99_s               float64 null 99th percentile inter-token latency
 e2e_p50_s               float64 null median end-to-end request latency
 e2e_p99_s               float64 null 99th percentile end-to-end request latency
 serving_status          string  -    ok | not-applicable (...) | what is unavailable, "; "-joined:
-                                     queue-unavailable (...), server-count-unavailable (...)
+                                     queue-unavailable (...), queue-time-unavailable (...),
+                                     server-count-unavailable (...)
 # The scheduler.
 slurm_job_id            string  null SLURM_JOB_ID, null outside Slurm
 slurm_step_id           string  null SLURM_STEP_ID (the step the ranks ran in)

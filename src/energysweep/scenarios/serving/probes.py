@@ -130,17 +130,20 @@ class QueueSamples:
         }
 
 
-def queue_time_mean_s(opened: dict | None, closed: dict | None) -> float | None:
+def queue_time_mean_s(opened: dict | None, closed: dict | None) -> tuple[float | None, str | None]:
     """Mean server-side queue time of the requests the engine scheduled inside the window, from
-    the histogram's sum and count read at both edges; None without both readings."""
+    the histogram's sum and count read at both edges, and why it is None when it is:
+    ``(seconds, reason)``."""
     if not opened or not closed:
-        return None
+        return None, "/metrics not readable at an edge"
     try:
         count = closed["queue_time_count"] - opened["queue_time_count"]
         total = closed["queue_time_sum"] - opened["queue_time_sum"]
     except KeyError:
-        return None
-    return total / count if count > 0 else None
+        return None, "no queue-time histogram in /metrics"
+    if count <= 0:
+        return None, "the engine scheduled no request inside the window"
+    return total / count, None
 
 
 # The longest a /metrics read may take from its edge for the server's count to stand for the

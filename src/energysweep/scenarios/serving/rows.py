@@ -22,6 +22,8 @@ def serving_columns(point: LoadPoint, run: LoadRun, stats: dict, workload: Workl
         missing.append("queue-unavailable (this server's /metrics is not parsed)")
     elif stats.get("achieved_concurrency") is None:
         missing.append("queue-unavailable (no /metrics sample inside the window)")
+    if stats.get("queue_time_missing"):
+        missing.append(f"queue-time-unavailable ({stats['queue_time_missing']})")
     if stats.get("server_count_missing"):
         missing.append(f"server-count-unavailable ({stats['server_count_missing']})")
     status = "; ".join(missing) or "ok"

@@ -254,7 +254,7 @@ class ServingScenario(Scenario):
             waiting = stats.get("queue_waiting_mean")
             stats["load_sustained"] = None if waiting is None else 1.0 - waiting / point.level
         opened, closed = run.opened["metrics"], run.closed["metrics"]
-        stats["queue_time_mean_s"] = queue_time_mean_s(opened, closed)
+        stats["queue_time_mean_s"], stats["queue_time_missing"] = queue_time_mean_s(opened, closed)
         stats["server_requests_completed"], stats["server_count_missing"] = server_count(
             opened, closed, wanted
         )

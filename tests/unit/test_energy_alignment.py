@@ -23,14 +23,11 @@ def errors_pct(
     late_s: float = 0.0,
     edge_reads_ms: list[float] | None = None,
     prepare_load: float | None = None,
-    skew_s: tuple[float, float] | None = None,
 ) -> list[float]:
     """Per window, (measured - true) / true in %; ``barrier_s``: the wait between ``prepare``
     and ``begin`` (the barrier where ranks wait for the slowest one's refreshes), the source
     tracking its counters meanwhile as energysweep.dist.barrier has it; ``prepare_load``: the
-    GPU's load during ``prepare`` (idle at the barrier, as before the prepare); ``skew_s``: the
-    window's edges (common_edges) that much before this rank's start and after its end (other
-    ranks' edges), the truth taken over them; ``late_s``:
+    GPU's load during ``prepare`` (idle at the barrier, as before the prepare); ``late_s``:
     at each edge one poll wakes that much late (a descheduled process), after a number of polls
     that differs from window to window; ``edge_reads_ms`` gets each window's ``edge_read_ms``."""
     job = VirtualJob(tmp_path, 1, [])
@@ -41,9 +38,7 @@ def errors_pct(
         polls["left"] -= 1
         job.sleep(seconds + (late_s if polls["left"] == 0 else 0.0))
 
-    source = NvmlSource(
-        job.uuids, clock=lambda: job.clock.t / 1e9, sleep=poll_sleep, wall=lambda: job.clock.t
-    )
+    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=poll_sleep)
     windows = []
     for k in range(n):
         job.sleep(2.0 + 0.013 * k)  # cooldown; edges land anywhere against the refreshes
@@ -61,10 +56,6 @@ def errors_pct(
         job.busy = False
         end = job.clock.t
         polls["left"] = 5 + 23 * k % 60
-        if skew_s is not None:
-            job.sleep(skew_s[1])  # this rank's GPU idles while the last rank's window ends
-            start, end = start - int(skew_s[0] * 1e9), end + int(skew_s[1] * 1e9)
-            source.common_edges(start, end)
         (r,) = source.end()
         windows.append((start, end, r.energy_mj))
         if edge_reads_ms is not None:
@@ -141,15 +132,6 @@ def test_the_start_edge_extrapolates_from_the_refreshes_before_the_barrier_ends(
     10.3% / 24.6% low at 0.25 / 0.6 s of barrier. In `make test` the rank's polling stopped at
     the barrier, its emulated GPU fell to idle, and one 1.1 s window came out 2.2% low.)"""
     errs = errors_pct(tmp_path, monkeypatch, 0.8, n=6, barrier_s=barrier_s, prepare_load=0.3)
-    assert max(map(abs, errs)) < 0.1, errs
-
-
-def test_each_gpu_is_reported_over_the_windows_common_edges(tmp_path, monkeypatch):
-    """The window's edges are the earliest start and the latest end over ranks; a rank that
-    started 30 ms after the first and ended 40 ms before the last reports its GPU's energy over
-    those edges (its idle GPU's included): within 0.1%. (Over its own edges, the same 0.8 s
-    windows came out 0.45% low against the window's.)"""
-    errs = errors_pct(tmp_path, monkeypatch, 0.8, n=6, barrier_s=0.05, skew_s=(0.03, 0.04))
     assert max(map(abs, errs)) < 0.1, errs
 
 

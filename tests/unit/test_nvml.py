@@ -1,5 +1,4 @@
 import inspect
-import time
 
 import pyarrow as pa
 import pynvml as real
@@ -117,11 +116,10 @@ def test_energy_delta_by_uuid(fake_nvml):
     mod = fake_nvml(fake_pynvml.h100s(2))
     g1 = mod.fake_gpus[1]
     src = es_nvml.NvmlSource([g1.uuid])
-    start_ns = time.time_ns()
     src.begin()
     g1.energy_mj += 12_345
     mod.fake_gpus[0].energy_mj += 99_999  # another GPU: not ours
-    src.common_edges(start_ns, start_ns + 200_000_000)  # a 200 ms window
+    src._start_ns -= 200_000_000  # a 200 ms window
     (r,) = src.end()
     assert (r.gpu_uuid, r.gpu_index, r.energy_mj, r.status) == (g1.uuid, 1, 12_345.0, "measured")
     assert r.gpu_pci_bus_id == g1.pci_bus_id

@@ -78,12 +78,6 @@ class EnergySource(ABC, Generic[ReadingT]):
         Default: a millisecond's sleep."""
         time.sleep(0.001)
 
-    def common_edges(self, start_ns: int, end_ns: int) -> None:
-        """The window's edges over all ranks (wall ns: the earliest start, the latest end; the
-        shard's ``window_start_ns`` / ``window_end_ns``), given after the end edge and before
-        :meth:`end`. A source that can reports its energy over exactly them (the NVML source
-        extrapolates each counter from its own edges); default: its own edges."""
-
     @abstractmethod
     def begin(self) -> None:
         """Read the counters at the window's start edge."""

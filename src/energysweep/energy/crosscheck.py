@@ -26,9 +26,6 @@ class CrossCheckSource(EnergySource[list[GpuReading]]):
     def track(self) -> None:
         self.primary.track()
 
-    def common_edges(self, start_ns: int, end_ns: int) -> None:
-        self.primary.common_edges(start_ns, end_ns)
-
     def begin(self) -> None:
         self.primary.begin()
         self.zeus.begin()

@@ -56,30 +56,26 @@ class NvmlSource(EnergySource[list[GpuReading]]):
 
     Args:
         clock, sleep: monotonic seconds and how to wait (a virtual clock in the benchmark).
-        wall: wall-clock ns (the windows' edges; the same virtual clock there).
     """
 
     name = "nvml"
 
-    def __init__(
-        self, gpu_uuids: list[str], clock=time.perf_counter, sleep=time.sleep, wall=wall_ns
-    ):
+    def __init__(self, gpu_uuids: list[str], clock=time.perf_counter, sleep=time.sleep):
         hw_nvml.init()
         self._open = True
-        self._clock, self._sleep, self._wall = clock, sleep, wall
+        self._clock, self._sleep = clock, sleep
         self._gpus: list[dict] = []
         for uuid in gpu_uuids:
             handle = hw_nvml.handle_by_uuid(uuid)
             self._gpus.append({**hw_nvml.identity(handle), "handle": handle})
         # A GPU without the counter (pre-Volta) fails here, at setup, not in the first window.
         self._read()
-        self._begun: tuple[float, int] | None = None  # (clock, wall ns) of begin()
-        self._anchor: list[tuple[int, float | None, float]] = []
-        self._edges: tuple[int, int] | None = None  # the window's, common_edges()
+        self._start: list[float] | None = None
         self._raw_start: list[int] = []
         self._unaligned: list[int] = []
         # The start edge's refreshes, watched from prepare() to begin().
         self._start_watch: ticks.Watch | None = None
+        self._start_ns: int | None = None
         # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
         self._edge_s = [0.0] * len(self._gpus)
         self.waited_s = 0.0  # time spent waiting for refreshes (the alignment's cost)
@@ -144,31 +140,21 @@ class NvmlSource(EnergySource[list[GpuReading]]):
             anchors.append((v2, t2, (v2 - v1) / (t2 - t1)))
         return anchors
 
-    def _instant(self) -> tuple[float, int]:
-        """Now on the source's clock and on the wall clock (ns), read together."""
-        w0 = self._wall()
-        now = self._clock()
-        return now, (w0 + self._wall()) // 2
-
     def begin(self) -> None:
         """The start edge: each counter at its latest refresh plus the energy since, at the power
         between its two latest refreshes (less than a period before: the rank watched its
-        counters through the barrier, :meth:`track`); computed at :meth:`end`, at the window's
-        common start where one was given (:meth:`common_edges`)."""
-        self._anchor = self._anchors()
-        self._begun = self._instant()
-        self._raw_start = [v for v, _, _ in self._anchor]  # counter values: backwards check
-        self._unaligned = [i for i, (_, t, _) in enumerate(self._anchor) if t is None]
-        self._edges = None
+        counters through the barrier, :meth:`track`)."""
+        anchor = self._anchors()
+        now = self._clock()
+        self._raw_start = [v for v, _, _ in anchor]  # counter values: backwards check
+        self._start = [v if t is None else v + mw * (now - t) for v, t, mw in anchor]
+        self._unaligned = [i for i, (_, t, _) in enumerate(anchor) if t is None]
+        self._start_ns = wall_ns()
 
-    def common_edges(self, start_ns: int, end_ns: int) -> None:
-        self._edges = (start_ns, end_ns)
-
-    def _end_values(self, t_end: float, floor: bool) -> tuple[list[float], list[int]]:
-        """Each GPU's counter at the end edge ``t_end``: at its first refresh after it, less the
-        idle energy from the edge to that refresh (the second refresh gives the idle power);
-        with ``floor``, never below the counter read now (the edge is now: that read holds less
-        than the window's energy)."""
+    def _end_values(self, t_end: float) -> tuple[list[float], list[int]]:
+        """Each GPU's counter at the end edge: at its first refresh after it, less the idle
+        energy from the edge to that refresh (the second refresh gives the idle power); never
+        below the counter read at the edge (which holds less than the window's energy)."""
         watch = self._watch(2)
         at_edge, seen = watch.first, watch.seen
         self._edge_s = [max(a, b) for a, b in zip(self._edge_s, watch.slowest, strict=True)]
@@ -186,27 +172,16 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     "window (driver reload?); the window is not usable"
                 )
             idle_mw = (v2 - v1) / (t2 - t1)
-            value = v1 - idle_mw * max(0.0, t1 - t_end)
-            out.append(max(float(at_edge[i]), value) if floor else value)
+            out.append(max(float(at_edge[i]), v1 - idle_mw * max(0.0, t1 - t_end)))
         return out, at_edge
 
     def end(self) -> list[GpuReading]:
-        """The end edge (now) and each GPU's energy since the start edge. Where
-        :meth:`common_edges` gave the window's edges, each counter's extrapolations run to them
-        rather than to this rank's own (between the two this rank's GPU waits at a barrier or
-        polls its counters, at the powers the extrapolations use)."""
-        if self._begun is None:
+        if self._start is None or self._start_ns is None:
             raise RuntimeError("end() without begin()")
-        now, now_ns = self._instant()
-        (began, began_ns), self._begun = self._begun, None
-        start_ns, end_ns = self._edges or (began_ns, now_ns)
-        t_start = began + (start_ns - began_ns) / 1e9
-        t_end = now + (end_ns - now_ns) / 1e9
-        start = [v if t is None else v + mw * (t_start - t) for v, t, mw in self._anchor]
-        stop, at_edge = self._end_values(t_end, floor=t_end >= now)
-        duration = end_ns - start_ns
+        t_end, duration = self._clock(), wall_ns() - self._start_ns
+        stop, at_edge = self._end_values(t_end)
         readings = []
-        for i, (g, a, b) in enumerate(zip(self._gpus, start, stop, strict=True)):
+        for i, (g, a, b) in enumerate(zip(self._gpus, self._start, stop, strict=True)):
             if at_edge[i] < self._raw_start[i]:
                 raise CounterWentBackwards(
                     f"NVML energy counter of {g['uuid']} went from {self._raw_start[i]} to "

@@ -25,9 +25,6 @@ class WithUnreadable(EnergySource[list[GpuReading]]):
     def track(self) -> None:
         self.inner.track()
 
-    def common_edges(self, start_ns: int, end_ns: int) -> None:
-        self.inner.common_edges(start_ns, end_ns)
-
     def begin(self) -> None:
         self.inner.begin()
 

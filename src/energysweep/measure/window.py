@@ -99,10 +99,6 @@ def measure_window(
     switch(JobPhase.EDGES)
     cpu_s = cpu.end()
     host_reading = host.end()
-    # The window's edges are the earliest start and the latest end over ranks (the shard's,
-    # aggregate/windows.py): every GPU's energy is reported over exactly them.
-    edges = dist.gather((start, end))
-    energy.common_edges(min(s for s, _ in edges), max(e for _, e in edges))
     readings = energy.end()  # waits for the counters' next refreshes, after the edge
     after = settings.read() if settings is not None else None
     procs_after = processes.read() if processes is not None else None

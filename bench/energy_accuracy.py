@@ -276,7 +276,7 @@ def run_pattern(name: str, pattern, lengths, reps: int, seed: int) -> list[dict]
         b = Bench(Path(tmp), np.random.default_rng(seed))
         zeus = zeus_monitor(b.nvml)
         hw_nvml.pynvml = b.nvml  # energysweep's NVML layer reads this node, in virtual time
-        source = NvmlSource([b.uuid], clock=lambda: b.t / 1e9, sleep=b.sleep)
+        source = NvmlSource([b.uuid], clock=lambda: b.t / 1e9, sleep=b.sleep, background=False)
         windows = [
             (length, paired_window(b, source, zeus, pattern, length, f"{name}-{length}-{r}"))
             for length in lengths

@@ -75,7 +75,7 @@ def run_windows(pattern, n: int, seed: int, faults=None, episode=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         b = Bench(Path(tmp), rng, faults=fault_list)
         hw_nvml.pynvml = b.nvml
-        source = NvmlSource([b.uuid], clock=lambda: b.t / 1e9, sleep=b.sleep)
+        source = NvmlSource([b.uuid], clock=lambda: b.t / 1e9, sleep=b.sleep, background=False)
         b.sleep(2.0)
         idle = (b.t, b.t + int(IDLE_S * 1e9))
         b.sleep(IDLE_S)

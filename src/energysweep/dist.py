@@ -246,28 +246,12 @@ def gather(obj) -> list:
     return out
 
 
-def barrier(while_waiting=None) -> None:
-    """Wait for every rank (a no-op outside a process group).
-
-    Args:
-        while_waiting: called over and over until the last rank arrives (each call must wait
-            a little itself): the window's start edge watches its energy counters meanwhile
-            (energysweep.energy.base.EnergySource.track). The barrier's errors and timeout are
-            the process group's, as for a plain barrier.
-    """
+def barrier() -> None:
+    """Wait for every rank (a no-op outside a process group)."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if while_waiting is None:
+    if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        return
-    # On the agreement group (gloo, the CPU's: the device was synchronised before), whatever
-    # the main group's backend: a process barrier whose completion can be polled.
-    work = dist.barrier(group=_AGREEMENT_GROUP, async_op=True)
-    while not work.is_completed():
-        while_waiting()
-    work.wait()
 
 
 def check_world(audits: list[dict], placement: Placement) -> None:

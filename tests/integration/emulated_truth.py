@@ -80,6 +80,13 @@ LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # truth, and that window measured 10.1 J low. The start edge now watches the counters through the
 # barrier (energy/ticks.py, Watch with latest; energysweep.dist.barrier): checked by
 # test_the_start_edge_extrapolates_from_the_refreshes_before_the_barrier_ends (unit tests).
+# That watch first polled between checks of a non-blocking barrier, and a rank left the barrier
+# only when its read in flight returned: the emulated H200's reads take 2.6 ms median and up to
+# 185 ms (its measured tail), so now and then one rank started its window tens of ms after the
+# other (CI run 40: a 0.73 s pp=2 window -129 ms, 17.6% low; the 2-node sweep's GPU medians -66 and
+# -68 ms). The barrier blocks again, a thread watches, and the edge is taken at the barrier's
+# end (test_the_start_edge_is_the_barriers_end_not_a_read_in_flight); alone, rank medians +0.9 /
+# +1.1 ms, worst 4.2 ms over 42 windows (2026-11-28).
 # The Slurm sweeps keep their bounds below: after the fix, the 2-node sweep's four ranks still had
 # medians of -9.8 to -12.1 ms over two 1.5-1.8 s windows (within 17.5 ms each), not explained.
 # A candidate, unchecked: their rows carry the window's edges, the earliest start and latest end

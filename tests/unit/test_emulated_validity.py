@@ -39,7 +39,11 @@ def run_job(tmp_path, monkeypatch, faults: list[dict], gpus: int = 1):
     sources = []
     for uuid in job.uuids:  # one rank per GPU; make_source's auto fallback where NVML fails
         try:
-            sources.append(NvmlSource([uuid], clock=lambda: job.clock.t / 1e9, sleep=job.sleep))
+            sources.append(
+                NvmlSource(
+                    [uuid], clock=lambda: job.clock.t / 1e9, sleep=job.sleep, background=False
+                )
+            )
         except hw_nvml.NVMLError as exc:
             sources.append(UnavailableSource(f"NVML unavailable: {type(exc).__name__}"))
     job.sleep(2.0)

@@ -4,6 +4,9 @@ window rule (cooldown, prepare, barrier, begin ... end) makes them."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 import energysweep.energy.ticks as ticks
@@ -11,6 +14,7 @@ from energysweep.energy.nvml import NvmlSource
 from energysweep.hw import nvml as hw_nvml
 from energysweep.hw.emulated.truth import Truth
 
+import fake_pynvml
 from emulated_helpers import VirtualJob
 
 
@@ -38,7 +42,9 @@ def errors_pct(
         polls["left"] -= 1
         job.sleep(seconds + (late_s if polls["left"] == 0 else 0.0))
 
-    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=poll_sleep)
+    source = NvmlSource(
+        job.uuids, clock=lambda: job.clock.t / 1e9, sleep=poll_sleep, background=False
+    )
     windows = []
     for k in range(n):
         job.sleep(2.0 + 0.013 * k)  # cooldown; edges land anywhere against the refreshes
@@ -135,6 +141,73 @@ def test_the_start_edge_extrapolates_from_the_refreshes_before_the_barrier_ends(
     assert max(map(abs, errs)) < 0.1, errs
 
 
+class _RealTimeCounter:
+    """A GPU whose counter refreshes every 0.1 s of real time, at ``power_w`` until
+    :meth:`draw` changes it; the read after ``next_slow`` is set takes ``slow_s`` (the H200's
+    tail: 185 ms), and every read raises ``error`` once it is set."""
+
+    def __init__(self, power_w: float, slow_s: float):
+        self.t0 = time.perf_counter()
+        self.steps = [(self.t0, 0.0, power_w)]  # (since, energy then in mJ, power in W)
+        self.slow_s = slow_s
+        self.next_slow = threading.Event()
+        self.error: Exception | None = None
+
+    def at(self, t: float) -> float:
+        """The true energy from t0 to ``t``, mJ."""
+        since, mj, w = next(step for step in reversed(self.steps) if step[0] <= t)
+        return mj + w * 1e3 * (t - since)
+
+    def draw(self, power_w: float) -> None:
+        now = time.perf_counter()
+        self.steps.append((now, self.at(now), power_w))
+
+    def read(self, handle) -> int:
+        if self.error is not None:
+            raise self.error
+        if self.next_slow.is_set():
+            self.next_slow.clear()
+            time.sleep(self.slow_s)
+        return int(self.at(self.t0 + (time.perf_counter() - self.t0) // 0.1 * 0.1))
+
+
+@pytest.mark.timeout(60)
+def test_the_start_edge_is_the_barriers_end_not_a_read_in_flight(fake_nvml, monkeypatch):
+    """Between prepare and begin a thread watches the counters while the rank blocks at the
+    barrier. The start edge extrapolates from the latest refreshes (the GPU's power fell while
+    the rank waited), and when the barrier ends in the middle of a slow read, the edge is the
+    moment begin is called (the barrier's end, the same on every rank), not the read's end:
+    begin waits for the read, then extrapolates back to its call. (A rank that polled between
+    checks of the barrier left it only when its read returned: on the emulated H200, whose reads
+    take up to 185 ms, one CI window started 129 ms after the other rank's, 17.6% low.)"""
+    mod = fake_nvml(fake_pynvml.h100s(1))
+    monkeypatch.setattr(ticks, "TIMEOUT_S", 1.5)  # a real counter's, not the fake's 20 ms
+    gpu = _RealTimeCounter(power_w=300.0, slow_s=0.6)
+    monkeypatch.setattr(hw_nvml, "energy_mj", gpu.read)
+    source = NvmlSource([mod.fake_gpus[0].uuid])
+    source.prepare()
+    gpu.draw(100.0)  # the rank waits at the barrier, its GPU falls to idle
+    time.sleep(0.4)
+    gpu.next_slow.set()  # the watching thread's next read is slow
+    time.sleep(0.05)
+    edge = time.perf_counter()  # the barrier ends
+    source.begin()
+    left = time.perf_counter()
+    assert left - edge > 0.3  # begin waited for the read in flight
+    (r,) = source.end()  # right after begin returned: the window is begin's wait, 100 W
+    true = gpu.at(left) - gpu.at(edge)
+    # Within 10 J (50 ms at 200 W) of about 55 J: from the call's end, 55 J low; from
+    # prepare's refreshes, 90 J low (300 W over the wait).
+    assert r.energy_mj is not None and abs(r.energy_mj - true) < 10_000, (r, true)
+    # An error of a read in the thread is the rank's, at begin.
+    source.prepare()
+    gpu.error = RuntimeError("NVML_ERROR_GPU_IS_LOST")
+    time.sleep(0.05)
+    with pytest.raises(RuntimeError, match="GPU_IS_LOST"):
+        source.begin()
+    source.close()
+
+
 def test_reading_at_the_edges_misplaces_up_to_a_refresh(tmp_path, monkeypatch):
     """Without alignment (no refresh awaited) the same windows are off by up to a period."""
     monkeypatch.setattr(ticks, "TIMEOUT_S", 0.0)
@@ -145,7 +218,9 @@ def test_reading_at_the_edges_misplaces_up_to_a_refresh(tmp_path, monkeypatch):
 def test_a_stuck_counter_leaves_the_edge_unaligned_and_says_so(tmp_path, monkeypatch):
     job = VirtualJob(tmp_path, 1, [{"kind": "stuck_counter", "gpu": 0}])
     monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
-    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep)
+    source = NvmlSource(
+        job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep, background=False
+    )
     t0 = job.clock.t
     source.prepare()
     source.begin()
@@ -161,7 +236,9 @@ def test_edge_corrections_that_cancel_a_short_window_leave_no_figure(tmp_path, m
     two can cross. That is no measurement: null with its reason, never a clamped 0."""
     job = VirtualJob(tmp_path, 1, [])
     monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
-    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep)
+    source = NvmlSource(
+        job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep, background=False
+    )
     job.busy = True
     job.sleep(2.0)  # busy power in the last refresh interval before the start edge
     source.prepare()
@@ -223,7 +300,9 @@ def test_nvml_source_flags_a_window_whose_edge_read_was_slow(tmp_path, monkeypat
     edge_read_slow."""
     job = VirtualJob(tmp_path, 1, [])
     monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
-    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep)
+    source = NvmlSource(
+        job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep, background=False
+    )
     real = hw_nvml.energy_mj
 
     def slow(handle):

@@ -357,45 +357,6 @@ def test_communication_failures_recognised(text, comm):
     assert dist.is_communication_failure(RuntimeError(text)) is comm
 
 
-class _Barrier:
-    """torch.distributed's barrier Work where the last rank arrives after ``polls`` checks."""
-
-    def __init__(self, polls: int, error: Exception | None = None):
-        self.left, self.error, self.waited = polls, error, False
-
-    def is_completed(self) -> bool:
-        self.left -= 1
-        return self.left < 0
-
-    def wait(self) -> bool:
-        self.waited = True
-        if self.error is not None:
-            raise self.error
-        return True
-
-
-@pytest.mark.parametrize("polls", [0, 3])
-def test_a_barrier_watches_the_counters_until_the_last_rank_arrives(monkeypatch, polls):
-    """dist.barrier(while_waiting=...) calls it until the process group's barrier completes,
-    then waits on it (its errors and timeout are the barrier's); a plain barrier blocks."""
-    import torch.distributed as td
-
-    work = _Barrier(polls)
-    calls: list[bool | None] = []
-    monkeypatch.setattr(td, "is_initialized", lambda: True)
-    monkeypatch.setattr(
-        td, "barrier", lambda group=None, async_op=False: calls.append(async_op) or work
-    )
-    tracked: list[int] = []
-    dist.barrier(while_waiting=lambda: tracked.append(1))
-    assert calls == [True] and len(tracked) == polls and work.waited
-    dist.barrier()
-    assert calls == [True, False] and len(tracked) == polls
-    work = _Barrier(1, RuntimeError("Connection closed by peer"))
-    with pytest.raises(RuntimeError, match="closed by peer"):
-        dist.barrier(while_waiting=lambda: None)
-
-
 class _AlignedSource:
     """An energy source whose edges wait for counter refreshes, as NvmlSource's do: 0.25 s of
     idle before the start edge and after the end edge, outside the energy it reports."""

@@ -71,13 +71,6 @@ class EnergySource(ABC, Generic[ReadingT]):
         :meth:`begin`): wait for whatever the start reading needs (the NVML source: counter
         refreshes). Default: nothing; :meth:`begin` without it must still work."""
 
-    def track(self) -> None:
-        """Called over and over while the rank waits between :meth:`prepare` and :meth:`begin`
-        (the barrier across ranks, energysweep.dist.barrier); each call waits a little (the NVML
-        source: one round of counter polls, so its start edge uses the latest refreshes).
-        Default: a millisecond's sleep."""
-        time.sleep(0.001)
-
     @abstractmethod
     def begin(self) -> None:
         """Read the counters at the window's start edge."""

@@ -23,9 +23,6 @@ class CrossCheckSource(EnergySource[list[GpuReading]]):
     def prepare(self) -> None:
         self.primary.prepare()
 
-    def track(self) -> None:
-        self.primary.track()
-
     def begin(self) -> None:
         self.primary.begin()
         self.zeus.begin()

@@ -12,6 +12,7 @@ Facts this relies on (see the README's methodology section):
 
 from __future__ import annotations
 
+import threading
 import time
 
 import energysweep.energy.ticks as ticks
@@ -56,14 +57,23 @@ class NvmlSource(EnergySource[list[GpuReading]]):
 
     Args:
         clock, sleep: monotonic seconds and how to wait (a virtual clock in the benchmark).
+        background: between :meth:`prepare` and :meth:`begin` a thread watches the counters
+            (:meth:`track`) while the rank blocks at the barrier. False with a virtual clock,
+            where the caller calls :meth:`track` itself.
     """
 
     name = "nvml"
 
-    def __init__(self, gpu_uuids: list[str], clock=time.perf_counter, sleep=time.sleep):
+    def __init__(
+        self,
+        gpu_uuids: list[str],
+        clock=time.perf_counter,
+        sleep=time.sleep,
+        background: bool = True,
+    ):
         hw_nvml.init()
         self._open = True
-        self._clock, self._sleep = clock, sleep
+        self._clock, self._sleep, self._background = clock, sleep, background
         self._gpus: list[dict] = []
         for uuid in gpu_uuids:
             handle = hw_nvml.handle_by_uuid(uuid)
@@ -73,8 +83,11 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._start: list[float] | None = None
         self._raw_start: list[int] = []
         self._unaligned: list[int] = []
-        # The start edge's refreshes, watched from prepare() to begin().
+        # The start edge's refreshes, watched from prepare() to begin(), by a thread (background).
         self._start_watch: ticks.Watch | None = None
+        self._tracker: threading.Thread | None = None
+        self._stop_tracking = threading.Event()
+        self._tracking_error: BaseException | None = None
         self._start_ns: int | None = None
         # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
         self._edge_s = [0.0] * len(self._gpus)
@@ -110,18 +123,41 @@ class NvmlSource(EnergySource[list[GpuReading]]):
 
     def prepare(self) -> None:
         """Before the start edge: wait for two refreshes of each counter (the second gives the
-        GPU's power just before the window), then go on watching them (:meth:`track`)."""
+        GPU's power just before the window), then go on watching them until :meth:`begin`.
+
+        The rank then blocks at the barrier for the slowest rank, and the GPU's power may
+        change meanwhile: a thread goes on polling (:meth:`track`), so the start edge
+        extrapolates from the latest refreshes. The barrier itself blocks: a rank that polled
+        between checks of the barrier left it only when its read in flight returned (the H200
+        takes up to 185 ms), and its window started that much after the others'.
+        """
         self._start_watch = self._watch(2, latest=True)
+        if self._background:
+            self._stop_tracking.clear()
+            self._tracker = threading.Thread(
+                target=self._track_until_begin, name="energysweep-start-edge", daemon=True
+            )
+            self._tracker.start()
+
+    def _track_until_begin(self) -> None:
+        try:
+            while not self._stop_tracking.is_set():
+                self.track()
+        except BaseException as e:  # noqa: BLE001  re-raised by begin(), in the rank's thread
+            self._tracking_error = e
+
+    def _stop_tracker(self) -> None:
+        """Stop the watching thread (its read in flight returns first)."""
+        if self._tracker is not None:
+            self._stop_tracking.set()
+            self._tracker.join()
+            self._tracker = None
 
     def track(self) -> None:
-        """While the rank waits between :meth:`prepare` and :meth:`begin` (the barrier): one
-        round of polls, so the start edge extrapolates from the latest refreshes."""
-        if self._start_watch is None:
-            super().track()
-            return
-        t0 = self._clock()
-        self._start_watch.poll()
-        self.waited_s += self._clock() - t0
+        """One round of polls of the start edge's watch (:meth:`prepare`'s thread, or the
+        caller on a virtual clock)."""
+        if self._start_watch is not None:
+            self._start_watch.poll()
 
     def _anchors(self) -> list[tuple[int, float | None, float]]:
         """Per GPU (counter at its latest refresh, that refresh's time or None, power in mW)
@@ -141,15 +177,19 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         return anchors
 
     def begin(self) -> None:
-        """The start edge: each counter at its latest refresh plus the energy since, at the power
-        between its two latest refreshes (less than a period before: the rank watched its
-        counters through the barrier, :meth:`track`)."""
+        """The start edge, now: each counter at its latest refresh plus the energy since, at the
+        power between its two latest refreshes (less than a period before: they were watched
+        through the barrier, :meth:`prepare`). The edge is the moment of the call; a read still
+        in flight in the watching thread is awaited after it, and its refresh used if fast."""
+        now, self._start_ns = self._clock(), wall_ns()
+        self._stop_tracker()
+        if self._tracking_error is not None:
+            error, self._tracking_error = self._tracking_error, None
+            raise error
         anchor = self._anchors()
-        now = self._clock()
         self._raw_start = [v for v, _, _ in anchor]  # counter values: backwards check
         self._start = [v if t is None else v + mw * (now - t) for v, t, mw in anchor]
         self._unaligned = [i for i, (_, t, _) in enumerate(anchor) if t is None]
-        self._start_ns = wall_ns()
 
     def _end_values(self, t_end: float) -> tuple[list[float], list[int]]:
         """Each GPU's counter at the end edge: at its first refresh after it, less the idle
@@ -211,6 +251,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         return readings
 
     def close(self) -> None:
+        self._stop_tracker()
         if self._open:
             hw_nvml.shutdown()
             self._open = False

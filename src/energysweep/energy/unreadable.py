@@ -22,9 +22,6 @@ class WithUnreadable(EnergySource[list[GpuReading]]):
     def prepare(self) -> None:
         self.inner.prepare()
 
-    def track(self) -> None:
-        self.inner.track()
-
     def begin(self) -> None:
         self.inner.begin()
 

@@ -6,9 +6,10 @@ iterations (``workload.iterations``, ``training.steps``). All ranks stop after t
 the decision uses the shortest elapsed time over ranks, exchanged at chunk boundaries (usually
 once). The GPU energy source aligns both edges to its counters' refreshes (energy/ticks.py): before
 the start edge every rank waits for its counters' refreshes (``prepare``), then for the other
-ranks at a barrier, watching its counters meanwhile (``track``: the start edge extrapolates from
-the latest refreshes, not from ones the slowest rank's wait left behind); the end edge reads after
-the next refreshes.
+ranks at a barrier. The barrier blocks, so every rank leaves it at once, and the start edge is
+taken right then; a thread of the GPU source watches the counters through the wait, so the edge
+extrapolates from the latest refreshes, not from ones the slowest rank's wait left behind. The
+end edge reads after the next refreshes.
 
 How every rank's rows of a window are then combined (tokens, edges, energy) has one home:
 :mod:`energysweep.aggregate.windows`.
@@ -75,11 +76,11 @@ def measure_window(
     align_s = clock()
     energy.prepare()
     align_s = clock() - align_s
-    dist.barrier(while_waiting=energy.track)  # the start edge's refreshes: the latest ones
-    energy.begin()
+    dist.barrier()  # blocks: every rank leaves it at once (the GPU source watches meanwhile)
+    start = wall_ns()
+    energy.begin()  # its edge is its call, right after the barrier's end (energy/nvml.py)
     host.begin()
     cpu.begin()
-    start = wall_ns()
     switch(JobPhase.WINDOW)
     t0 = clock()
     it, target = 0, min_iters

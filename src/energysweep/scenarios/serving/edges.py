@@ -65,10 +65,10 @@ class WindowEdges:
         processes = m.processes.read()  # who else computes on the GPUs (the gpu_shared check)
         m.node.begin()
         m.energy.prepare()  # waits for the counters' refreshes: the loop serves meanwhile
-        m.energy.begin()
         mark()
         start = wall_ns()
         switch(JobPhase.WINDOW)
+        m.energy.begin()  # its edge is its call, with the mark (a read in flight comes after)
         counters = self._counters_now()
         m.host.begin()
         self.server_cpu.begin()

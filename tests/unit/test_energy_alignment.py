@@ -199,6 +199,15 @@ def test_the_start_edge_is_the_barriers_end_not_a_read_in_flight(fake_nvml, monk
     # Within 10 J (50 ms at 200 W) of about 55 J: from the call's end, 55 J low; from
     # prepare's refreshes, 90 J low (300 W over the wait).
     assert r.energy_mj is not None and abs(r.energy_mj - true) < 10_000, (r, true)
+    # Without prepare (the preflight's cross-check), begin awaits the refreshes, then takes its
+    # edge: a window from then on, not from the call (that put the NVML window 0.2 s longer
+    # than Zeus's in a 1 s preflight).
+    source.begin()
+    edge = time.perf_counter()
+    time.sleep(0.3)
+    true = gpu.at(time.perf_counter()) - gpu.at(edge)  # the end edge: end's call
+    (r,) = source.end()
+    assert r.energy_mj is not None and abs(r.energy_mj - true) < 5_000, (r, true)
     # An error of a read in the thread is the rank's, at begin.
     source.prepare()
     gpu.error = RuntimeError("NVML_ERROR_GPU_IS_LOST")

@@ -161,9 +161,9 @@ class NvmlSource(EnergySource[list[GpuReading]]):
 
     def _anchors(self) -> list[tuple[int, float | None, float]]:
         """Per GPU (counter at its latest refresh, that refresh's time or None, power in mW)
-        from the start edge's watch (:meth:`prepare`, made now where it was not called)."""
-        watch = self._start_watch or self._watch(2, latest=True)
-        self._start_watch = None
+        from the start edge's watch (:meth:`prepare`, or :meth:`begin` without it)."""
+        watch, self._start_watch = self._start_watch, None
+        assert watch is not None
         seen = watch.seen
         self._edge_s = watch.slowest  # a new window's edges
         now = self._read() if any(len(s) < 2 for s in seen) else []
@@ -180,7 +180,10 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         """The start edge, now: each counter at its latest refresh plus the energy since, at the
         power between its two latest refreshes (less than a period before: they were watched
         through the barrier, :meth:`prepare`). The edge is the moment of the call; a read still
-        in flight in the watching thread is awaited after it, and its refresh used if fast."""
+        in flight in the watching thread is awaited after it, and its refresh used if fast.
+        Without :meth:`prepare` the refreshes are awaited first, and the edge is after them."""
+        if self._start_watch is None:
+            self._start_watch = self._watch(2, latest=True)
         now, self._start_ns = self._clock(), wall_ns()
         self._stop_tracker()
         if self._tracking_error is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from energysweep.energy.ticks import SLOW_READ_S
 from energysweep.hw.emulated import node_config
 from energysweep.hw.emulated.truth import Truth
 
@@ -115,7 +116,20 @@ def assert_matches_truth(
     each window, each window >= 1 s in %, and the bias of each rank and of each GPU."""
     assert len(rows) and rows["truth_mj"].notna().all(), "a window has no ground truth"
     rows = rows.assign(error_s=error_s(rows))
-    cols = ["job_id", "phase", "rank", "gpu_uuid", "window_s", "error_pct", "error_s"]
+    cols = ["job_id", "phase", "rank", "gpu_uuid", "window_s", "error_pct", "error_s",
+            "gpu_edge_read_max_ms"]  # fmt: skip
+    # A window the verdict flags edge_read_slow (a slow read, or a rank late out of a barrier:
+    # aggregate/windows.py) is off by no more than that time, and is not held to the bounds;
+    # few are flagged (one of 42 in a CI run of 2026-11-28: a rank off the CPU ~225 ms).
+    uncertain_s = rows["gpu_edge_read_max_ms"].fillna(0) / 1e3
+    flagged = uncertain_s > SLOW_READ_S
+    explained = rows["error_s"].abs() <= uncertain_s + worst_s
+    assert explained[flagged].all(), rows.loc[flagged & ~explained, cols].to_dict("records")
+    assert flagged.sum() <= len(rows) // 8, rows.loc[flagged, cols].to_dict("records")
+    if flagged.any():
+        print("flagged edge_read_slow, not held to the bounds:")
+        print(rows.loc[flagged, cols].to_string())
+    rows = rows[~flagged]
     worst = rows.loc[rows["error_s"].abs().idxmax(), cols]
     by_rank = rows.groupby("rank")["error_s"].median()
     by_gpu = rows.groupby(["host", "gpu_uuid"])["error_s"].median()

@@ -7,7 +7,8 @@ steps, both here:
    window's token counts are summed over ranks (only each replica's writer counts tokens, so the
    sum is every replica's work), its edges are the earliest start and the latest end over ranks,
    its requests are global batch x iterations, and its FLOPs estimate follows from those. These
-   window totals are stored in every row of the shard.
+   window totals are stored in every row of the shard. A rank whose own edges lie inside the
+   window's (late out of a barrier) has that time in its rows' ``gpu_edge_read_max_ms``.
 2. :func:`windows`, in the merge: one row per measured window. A window's GPU energy is the sum
    over its *distinct* GPU UUIDs, so a GPU reported by two ranks counts once, and every node's GPUs
    of a multi-node job are included. If any GPU of the window has no measured energy the window's
@@ -107,9 +108,24 @@ def combine_ranks(rows_by_rank: list[list[dict]]) -> list[dict]:
             "requests": ok[0]["global_batch_size"] * ok[0]["iterations"],
             "flops_estimate": flops,
         }
+        for r in ok:
+            _count_rank_lateness(r, update["window_start_ns"], update["window_end_ns"])
         for r in phase_rows:
             r.update(update)
     return rows
+
+
+def _count_rank_lateness(row: dict, start_ns: int, end_ns: int) -> None:
+    """A rank whose edges lie inside the window's (it left the start barrier after another
+    rank, or the end barrier before one: descheduled on a busy host) measured its GPUs over
+    less than the window by that time. Like a slow counter read, that leaves the row's energy
+    uncertain by as much: ``gpu_edge_read_max_ms`` holds the larger of the two, and above a
+    quarter of the counter period the verdict says ``edge_read_slow``
+    (energysweep.validity.shared). Rows with no counter read at aligned edges stay null."""
+    if row.get("gpu_edge_read_max_ms") is None:
+        return
+    inside_ms = ((row["window_start_ns"] - start_ns) + (end_ns - row["window_end_ns"])) / 1e6
+    row["gpu_edge_read_max_ms"] = max(row["gpu_edge_read_max_ms"], inside_ms)
 
 
 def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray) -> dict:

@@ -12,7 +12,9 @@ jobs. Nothing is dropped: every row stays in the shards and in energy.parquet.
 longer than :data:`energysweep.energy.ticks.SLOW_READ_FRACTION` of the counter period (its
 bracketing timestamps, a late wake-up of the poll before it included; the H200 took 2.8 ms
 median, 185 ms once under load), even after the source's retries: the refresh's time, and so
-the edge correction, is uncertain by that much.
+the edge correction, is uncertain by that much. So does a rank whose own edges lay that long
+inside the window's (late out of a barrier, descheduled on a busy host: its GPUs' energy misses
+that time; energysweep.aggregate.windows.combine_ranks).
 
 Summary columns: ``gpu_shared_windows`` (ok windows of the point on a shared GPU),
 ``gpu_shared_detail``, ``gpu_process_check`` (ok, or why the process list could not be read),
@@ -33,7 +35,8 @@ REASONS = {
     "gpu_shared": "another process computed on a measured GPU during a window (NVML's process "
     "list at a window edge, or another job's window on the same GPU UUID at the same time)",
     "edge_read_slow": "an energy-counter read at a window edge took longer than "
-    f"{SLOW_READ_FRACTION:g} x the counter period, even after retries",
+    f"{SLOW_READ_FRACTION:g} x the counter period, even after retries, or a rank's edges lay "
+    "that long inside the window's (its GPUs' energy misses that time)",
 }
 ROW_COLUMNS = ["gpu_processes_status", "gpu_processes_foreign", "gpu_edge_read_max_ms"]
 # Summary columns -> the status columns that explain a null in them.

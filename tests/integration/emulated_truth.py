@@ -12,6 +12,7 @@ import pandas as pd
 
 from energysweep.energy.ticks import SLOW_READ_S
 from energysweep.hw.emulated import node_config
+from energysweep.hw.emulated.profiles import profile
 from energysweep.hw.emulated.truth import Truth
 
 
@@ -33,11 +34,13 @@ def against_truth(wf: Path) -> pd.DataFrame:
         rows["truth_mj"] = truth.windows(rows)
         dur_s = (rows["window_end_ns"] - rows["window_start_ns"]) / 1e9
         rows["sensor_mj"] = node.counter_gain * rows["truth_mj"] + node.counter_offset_w * dur_s
+        rows["power_limit_w"] = profile(node.profile).max_limit_w
         frames.append(rows)
     out = pd.concat(frames, ignore_index=True)
     out["error_pct"] = 100 * (out["gpu_energy_mj"] - out["sensor_mj"]) / out["sensor_mj"]
     out["truth_error_pct"] = 100 * (out["gpu_energy_mj"] - out["truth_mj"]) / out["truth_mj"]
     out["window_s"] = (out["window_end_ns"] - out["window_start_ns"]) / 1e9
+    out["window_w"] = out["sensor_mj"] / 1e3 / out["window_s"]
     return out
 
 
@@ -118,12 +121,15 @@ def assert_matches_truth(
     rows = rows.assign(error_s=error_s(rows))
     cols = ["job_id", "phase", "rank", "gpu_uuid", "window_s", "error_pct", "error_s",
             "gpu_edge_read_max_ms"]  # fmt: skip
-    # A window the verdict flags edge_read_slow (a slow read, or a rank late out of a barrier:
-    # aggregate/windows.py) is off by no more than that time, and is not held to the bounds;
-    # few are flagged (one of 42 in a CI run of 2026-11-28: a rank off the CPU ~225 ms).
+    # A window the verdict flags edge_read_slow (a slow read; a start value extrapolated past a
+    # refresh the watch missed, energy/nvml.py; a rank late out of a barrier,
+    # aggregate/windows.py) is off by no more than that time at the GPU's power limit, and is
+    # not held to the bounds; few are flagged (2026-11-28: one of 42 windows in a CI run, a
+    # rank off the CPU ~225 ms; one of 42 alone, a 165 ms span past a missed refresh).
     uncertain_s = rows["gpu_edge_read_max_ms"].fillna(0) / 1e3
     flagged = uncertain_s > SLOW_READ_S
-    explained = rows["error_s"].abs() <= uncertain_s + worst_s
+    error_j = (rows["gpu_energy_mj"] - rows["sensor_mj"]).abs() / 1e3
+    explained = error_j <= uncertain_s * rows["power_limit_w"] + worst_s * rows["window_w"]
     assert explained[flagged].all(), rows.loc[flagged & ~explained, cols].to_dict("records")
     assert flagged.sum() <= len(rows) // 8, rows.loc[flagged, cols].to_dict("records")
     if flagged.any():

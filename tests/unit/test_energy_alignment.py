@@ -141,6 +141,45 @@ def test_the_start_edge_extrapolates_from_the_refreshes_before_the_barrier_ends(
     assert max(map(abs, errs)) < 0.1, errs
 
 
+def test_a_start_edge_past_an_unseen_refresh_says_how_uncertain_it_is(tmp_path, monkeypatch):
+    """The watch saw no refresh for 0.3 s before the edge (its thread held up, e.g. by a
+    garbage-collection pause, while the GPU's power rose): the start value extrapolates over
+    all of that time at the power of the last refreshes seen, a guess. The window says so: its
+    edge_read_ms holds the whole span (over a quarter period: the verdict's edge_read_slow), and
+    its error is within that span's energy at the GPU's highest power. A window whose watch
+    kept up says a few ms. (In `make test` one pp=2 window came out 34% high, 86 J over a 165 ms
+    span at 700 W where the last refreshes seen said 180 W, and nothing was flagged.)"""
+    job = VirtualJob(tmp_path, 1, [])
+    monkeypatch.setattr(hw_nvml, "pynvml", job.nvml)
+    source = NvmlSource(job.uuids, clock=lambda: job.clock.t / 1e9, sleep=job.sleep,
+                        background=False)  # fmt: skip
+    spans = []
+    for pause_s in (0.0, 0.3):
+        job.sleep(2.0)
+        job.level = 0.1
+        source.prepare()
+        for _ in range(20):  # the watch keeps up for a while
+            source.track()
+        job.level = 1.0  # then the GPU's power rises while nothing is read (or not)
+        job.sleep(pause_s)
+        job.level = None
+        source.begin()
+        start = job.clock.t
+        job.busy = True
+        job.sleep(0.8)
+        job.busy = False
+        end = job.clock.t
+        (r,) = source.end()
+        spans.append((r.edge_read_ms, r.energy_mj, start, end))
+    job.sleep(1.0)
+    job.owner.close()
+    truth = Truth.read(tmp_path)
+    (kept_up, _, _, _), (paused, mj, start, end) = spans
+    assert kept_up < 1e3 * ticks.SLOW_READ_S < 300 <= paused, spans
+    error_j = abs(mj - float(truth.energy_mj(job.uuids[0], start, end))) / 1e3
+    assert error_j <= paused / 1e3 * 700, (error_j, paused)  # 700 W: the profile's limit
+
+
 class _RealTimeCounter:
     """A GPU whose counter refreshes every 0.1 s of real time, at ``power_w`` until
     :meth:`draw` changes it; the read after ``next_slow`` is set takes ``slow_s`` (the H200's

@@ -88,6 +88,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._tracker: threading.Thread | None = None
         self._stop_tracking = threading.Event()
         self._tracking_error: BaseException | None = None
+        self._start_seen: list[list[tuple[int, float]]] = []  # the start edge's refreshes
         self._start_ns: int | None = None
         # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
         self._edge_s = [0.0] * len(self._gpus)
@@ -164,7 +165,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         from the start edge's watch (:meth:`prepare`, or :meth:`begin` without it)."""
         watch, self._start_watch = self._start_watch, None
         assert watch is not None
-        seen = watch.seen
+        seen = self._start_seen = watch.seen
         self._edge_s = watch.slowest  # a new window's edges
         now = self._read() if any(len(s) < 2 for s in seen) else []
         anchors: list[tuple[int, float | None, float]] = []
@@ -193,6 +194,23 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._raw_start = [v for v, _, _ in anchor]  # counter values: backwards check
         self._start = [v if t is None else v + mw * (now - t) for v, t, mw in anchor]
         self._unaligned = [i for i, (_, t, _) in enumerate(anchor) if t is None]
+        self._edge_s = [max(e, s) for e, s in zip(self._edge_s, self._missed(now), strict=True)]
+
+    def _missed(self, now: float) -> list[float]:
+        """Per GPU, how far the start value extrapolates (s) where that passes a refresh the
+        watch did not use (the latest seen through a slow read, or none seen: the watching
+        thread held up, e.g. by a garbage-collection pause): the power over all of that time
+        is a guess, so the edge is that uncertain (``edge_read_ms``, the verdict's
+        edge_read_slow). 0 where the latest refresh is within a period (+ a slow read)."""
+        out = []
+        for s in self._start_seen:
+            if len(s) < 2:
+                out.append(0.0)
+                continue
+            (_, t1), (_, t2) = s
+            span = now - t2
+            out.append(span if span > (t2 - t1) + ticks.SLOW_READ_S else 0.0)
+        return out
 
     def _end_values(self, t_end: float) -> tuple[list[float], list[int]]:
         """Each GPU's counter at the end edge: at its first refresh after it, less the idle

@@ -12,9 +12,10 @@ jobs. Nothing is dropped: every row stays in the shards and in energy.parquet.
 longer than :data:`energysweep.energy.ticks.SLOW_READ_FRACTION` of the counter period (its
 bracketing timestamps, a late wake-up of the poll before it included; the H200 took 2.8 ms
 median, 185 ms once under load), even after the source's retries: the refresh's time, and so
-the edge correction, is uncertain by that much. So does a rank whose own edges lay that long
-inside the window's (late out of a barrier, descheduled on a busy host: its GPUs' energy misses
-that time; energysweep.aggregate.windows.combine_ranks).
+the edge correction, is uncertain by that much. So does a start value extrapolated that long
+past a refresh the source did not use (energysweep.energy.nvml), and a rank whose own edges lay
+that long inside the window's (late out of a barrier, descheduled on a busy host: its GPUs'
+energy misses that time; energysweep.aggregate.windows.combine_ranks).
 
 Summary columns: ``gpu_shared_windows`` (ok windows of the point on a shared GPU),
 ``gpu_shared_detail``, ``gpu_process_check`` (ok, or why the process list could not be read),

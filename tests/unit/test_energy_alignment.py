@@ -170,12 +170,13 @@ def test_a_start_edge_past_an_unseen_refresh_says_how_uncertain_it_is(tmp_path, 
         job.busy = False
         end = job.clock.t
         (r,) = source.end()
-        spans.append((r.edge_read_ms, r.energy_mj, start, end))
+        spans.append((r.edge_read_ms, r.energy_mj, start, end, r.detail))
     job.sleep(1.0)
     job.owner.close()
     truth = Truth.read(tmp_path)
-    (kept_up, _, _, _), (paused, mj, start, end) = spans
+    (kept_up, _, _, _, _), (paused, mj, start, end, detail) = spans
     assert kept_up < 1e3 * ticks.SLOW_READ_S < 300 <= paused, spans
+    assert "past a missed refresh" in detail
     error_j = abs(mj - float(truth.energy_mj(job.uuids[0], start, end))) / 1e3
     assert error_j <= paused / 1e3 * 700, (error_j, paused)  # 700 W: the profile's limit
 

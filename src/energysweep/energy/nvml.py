@@ -89,6 +89,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._stop_tracking = threading.Event()
         self._tracking_error: BaseException | None = None
         self._start_seen: list[list[tuple[int, float]]] = []  # the start edge's refreshes
+        self._missed_s = [0.0] * len(gpu_uuids)  # per GPU: extrapolated past a missed refresh
         self._start_ns: int | None = None
         # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
         self._edge_s = [0.0] * len(self._gpus)
@@ -194,7 +195,8 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._raw_start = [v for v, _, _ in anchor]  # counter values: backwards check
         self._start = [v if t is None else v + mw * (now - t) for v, t, mw in anchor]
         self._unaligned = [i for i, (_, t, _) in enumerate(anchor) if t is None]
-        self._edge_s = [max(e, s) for e, s in zip(self._edge_s, self._missed(now), strict=True)]
+        self._missed_s = self._missed(now)
+        self._edge_s = [max(e, m) for e, m in zip(self._edge_s, self._missed_s, strict=True)]
 
     def _missed(self, now: float) -> list[float]:
         """Per GPU, how far the start value extrapolates (s) where that passes a refresh the
@@ -260,7 +262,10 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     filter(None, [r.detail, f"edge corrections leave {delta:.0f} mJ: not resolved"])
                 )
             r.edge_read_ms = self._edge_s[i] * 1e3
-            if self._edge_s[i] > ticks.SLOW_READ_S:
+            if self._missed_s[i] >= self._edge_s[i] > ticks.SLOW_READ_S:
+                late = f"start value extrapolated {r.edge_read_ms:.1f} ms past a missed refresh"
+                r.detail = "; ".join(filter(None, [r.detail, late]))
+            elif self._edge_s[i] > ticks.SLOW_READ_S:
                 r.detail = "; ".join(
                     filter(None, [r.detail, f"slow edge read: {r.edge_read_ms:.1f} ms"])
                 )

@@ -36,8 +36,9 @@ REASONS = {
     "gpu_shared": "another process computed on a measured GPU during a window (NVML's process "
     "list at a window edge, or another job's window on the same GPU UUID at the same time)",
     "edge_read_slow": "an energy-counter read at a window edge took longer than "
-    f"{SLOW_READ_FRACTION:g} x the counter period, even after retries, or a rank's edges lay "
-    "that long inside the window's (its GPUs' energy misses that time)",
+    f"{SLOW_READ_FRACTION:g} x the counter period, even after retries; or the start value "
+    "extrapolated that long past a missed refresh, or a rank's edges lay that long inside the "
+    "window's (its GPUs' energy misses that time)",
 }
 ROW_COLUMNS = ["gpu_processes_status", "gpu_processes_foreign", "gpu_edge_read_max_ms"]
 # Summary columns -> the status columns that explain a null in them.

@@ -267,11 +267,13 @@ def test_finalize_sums_writer_tokens_per_phase_and_estimates_flops():
 
 
 def test_a_rank_late_out_of_a_barrier_has_its_lateness_in_its_edge_uncertainty():
-    """The window's edges are the earliest start and the latest end over ranks; a rank whose
-    own edges lie inside them (descheduled after the start barrier, or before the end one)
-    measured its GPU over less than the window: that time goes into its rows'
-    gpu_edge_read_max_ms, which the verdict bounds (edge_read_slow). In a CI run of 2026-11-28
-    a dp=2 rank's GPU energy came out 10.4% under its window's with every read fast."""
+    """Every rank leaves a barrier when it completes: the window's edges are the earliest start
+    and the earliest end over ranks. A rank that took its edge later (descheduled right after a
+    barrier) measured its GPU from after the window's start, or past its end: that time goes
+    into its rows' gpu_edge_read_max_ms, which the verdict bounds (edge_read_slow). In a CI run
+    of 2026-11-28 a dp=2 rank's GPU energy came out 10.4% under its window's with every read
+    fast; in another, a rank 65 ms late out of the end barrier stretched a 4-rank window, and
+    the three others' energy fell short of it."""
     from tests_rows import row
 
     s, e = 1_000_000_000, 2_000_000_000
@@ -280,15 +282,22 @@ def test_a_rank_late_out_of_a_barrier_has_its_lateness_in_its_edge_uncertainty()
         [
             [row(rank=0, window_start_ns=s, window_end_ns=e - 30 * ms, gpu_edge_read_max_ms=2.5)],
             [row(rank=1, window_start_ns=s + 225 * ms, window_end_ns=e, gpu_edge_read_max_ms=3.0)],
-            [row(rank=2, window_start_ns=s + ms, window_end_ns=e, gpu_edge_read_max_ms=4.0)],
+            [
+                row(
+                    rank=2,
+                    window_start_ns=s + ms,
+                    window_end_ns=e - 30 * ms,
+                    gpu_edge_read_max_ms=4.0,
+                )
+            ],  # fmt: skip
             [row(rank=3, window_start_ns=s, window_end_ns=e, gpu_edge_read_max_ms=None)],
         ]
     )
     late = {r["rank"]: r["gpu_edge_read_max_ms"] for r in rows}
-    # rank 0 ended 30 ms early, rank 1 started 225 ms late; rank 2's 1 ms is under its read;
-    # rank 3 read no counter at aligned edges (Zeus, or no energy): null, as before.
-    assert late == {0: 30.0, 1: 225.0, 2: 4.0, 3: None}
-    assert {(r["window_start_ns"], r["window_end_ns"]) for r in rows} == {(s, e)}
+    # rank 1 left the start barrier 225 ms and the end barrier 30 ms after rank 0; rank 2's
+    # 1 ms is under its read; rank 3 read no counter at aligned edges (Zeus): null, as before.
+    assert late == {0: 2.5, 1: 255.0, 2: 4.0, 3: None}
+    assert {(r["window_start_ns"], r["window_end_ns"]) for r in rows} == {(s, e - 30 * ms)}
 
 
 def test_batches_cycle_through_prompts(gpu_rank):

@@ -5,10 +5,12 @@ steps, both here:
 
 1. :func:`combine_ranks`, on rank 0 before the window's shard is written (energysweep.run): the
    window's token counts are summed over ranks (only each replica's writer counts tokens, so the
-   sum is every replica's work), its edges are the earliest start and the latest end over ranks,
-   its requests are global batch x iterations, and its FLOPs estimate follows from those. These
-   window totals are stored in every row of the shard. A rank whose own edges lie inside the
-   window's (late out of a barrier) has that time in its rows' ``gpu_edge_read_max_ms``.
+   sum is every replica's work), its edges are the earliest start and the earliest end over
+   ranks (every rank leaves a barrier when it completes: the first timestamp after it is the
+   edge, a later one is a rank descheduled after it), its requests are global batch x
+   iterations, and its FLOPs estimate follows from those. These window totals are stored in
+   every row of the shard. A rank late out of a barrier has its lateness in its rows'
+   ``gpu_edge_read_max_ms``.
 2. :func:`windows`, in the merge: one row per measured window. A window's GPU energy is the sum
    over its *distinct* GPU UUIDs, so a GPU reported by two ranks counts once, and every node's GPUs
    of a multi-node job are included. If any GPU of the window has no measured energy the window's
@@ -81,7 +83,7 @@ def _sum_or_none(values) -> int | None:
 def combine_ranks(rows_by_rank: list[list[dict]]) -> list[dict]:
     """Every rank's rows of one repetition, with the window totals (step 1 of the module).
 
-    Per phase, over the ok rows: tokens summed over ranks, edges min/max, requests, and the FLOPs
+    Per phase, over the ok rows: tokens summed over ranks, edges min/min, requests, and the FLOPs
     estimate: 2 * parameters * (input + output tokens) for inference, 6 * parameters * tokens for
     training (forward + backward), of the window (all GPUs).
     """
@@ -104,7 +106,7 @@ def combine_ranks(rows_by_rank: list[list[dict]]) -> list[dict]:
             "input_tokens": tin,
             "output_tokens": tout,
             "window_start_ns": min(r["window_start_ns"] for r in ok),
-            "window_end_ns": max(r["window_end_ns"] for r in ok),
+            "window_end_ns": min(r["window_end_ns"] for r in ok),
             "requests": ok[0]["global_batch_size"] * ok[0]["iterations"],
             "flops_estimate": flops,
         }
@@ -116,16 +118,16 @@ def combine_ranks(rows_by_rank: list[list[dict]]) -> list[dict]:
 
 
 def _count_rank_lateness(row: dict, start_ns: int, end_ns: int) -> None:
-    """A rank whose edges lie inside the window's (it left the start barrier after another
-    rank, or the end barrier before one: descheduled on a busy host) measured its GPUs over
-    less than the window by that time. Like a slow counter read, that leaves the row's energy
-    uncertain by as much: ``gpu_edge_read_max_ms`` holds the larger of the two, and above a
-    quarter of the counter period the verdict says ``edge_read_slow``
-    (energysweep.validity.shared). Rows with no counter read at aligned edges stay null."""
+    """A rank that left a barrier after another (descheduled on a busy host) took its edge
+    late: its GPUs' energy starts after the window's start, or runs past its end, by that time.
+    Like a slow counter read, that leaves the row's energy uncertain by as much:
+    ``gpu_edge_read_max_ms`` holds the larger of the two, and above a quarter of the counter
+    period the verdict says ``edge_read_slow`` (energysweep.validity.shared). Rows with no
+    counter read at aligned edges stay null."""
     if row.get("gpu_edge_read_max_ms") is None:
         return
-    inside_ms = ((row["window_start_ns"] - start_ns) + (end_ns - row["window_end_ns"])) / 1e6
-    row["gpu_edge_read_max_ms"] = max(row["gpu_edge_read_max_ms"], inside_ms)
+    late_ms = ((row["window_start_ns"] - start_ns) + (row["window_end_ns"] - end_ns)) / 1e6
+    row["gpu_edge_read_max_ms"] = max(row["gpu_edge_read_max_ms"], late_ms)
 
 
 def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray) -> dict:

@@ -104,8 +104,8 @@ gpu_edge_read_max_ms    float64 null slowest energy-counter read (between its br
                                      with any late wake-up of the poll before it) that fixed a
                                      counter refresh at this window's edges, in ms; or, if
                                      longer, how far the start value extrapolated past a
-                                     refresh it missed, or the time the rank's own edges lay
-                                     inside the window's (late out of a barrier);
+                                     refresh it missed, or how much later than the window's
+                                     the rank took its edges (late out of a barrier);
                                      above validity.counter_period_s / 4 the verdict says
                                      edge_read_slow; null where no counter read at aligned edges
 energy_source           string  -    GPU energy source used: nvml | zeus | cross-check | none (auto

@@ -13,9 +13,9 @@ longer than :data:`energysweep.energy.ticks.SLOW_READ_FRACTION` of the counter p
 bracketing timestamps, a late wake-up of the poll before it included; the H200 took 2.8 ms
 median, 185 ms once under load), even after the source's retries: the refresh's time, and so
 the edge correction, is uncertain by that much. So does a start value extrapolated that long
-past a refresh the source did not use (energysweep.energy.nvml), and a rank whose own edges lay
-that long inside the window's (late out of a barrier, descheduled on a busy host: its GPUs'
-energy misses that time; energysweep.aggregate.windows.combine_ranks).
+past a refresh the source did not use (energysweep.energy.nvml), and a rank that took its edges
+that much later than the window's (late out of a barrier, descheduled on a busy host: its GPUs'
+energy starts late or runs past the end; energysweep.aggregate.windows.combine_ranks).
 
 Summary columns: ``gpu_shared_windows`` (ok windows of the point on a shared GPU),
 ``gpu_shared_detail``, ``gpu_process_check`` (ok, or why the process list could not be read),
@@ -37,8 +37,8 @@ REASONS = {
     "list at a window edge, or another job's window on the same GPU UUID at the same time)",
     "edge_read_slow": "an energy-counter read at a window edge took longer than "
     f"{SLOW_READ_FRACTION:g} x the counter period, even after retries; or the start value "
-    "extrapolated that long past a missed refresh, or a rank's edges lay that long inside the "
-    "window's (its GPUs' energy misses that time)",
+    "extrapolated that long past a missed refresh, or a rank took its edges that much later "
+    "than the window's (late out of a barrier)",
 }
 ROW_COLUMNS = ["gpu_processes_status", "gpu_processes_foreign", "gpu_edge_read_max_ms"]
 # Summary columns -> the status columns that explain a null in them.

@@ -88,7 +88,6 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._tracker: threading.Thread | None = None
         self._stop_tracking = threading.Event()
         self._tracking_error: BaseException | None = None
-        self._start_seen: list[list[tuple[int, float]]] = []  # the start edge's refreshes
         self._missed_s = [0.0] * len(gpu_uuids)  # per GPU: extrapolated past a missed refresh
         self._start_ns: int | None = None
         # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
@@ -161,12 +160,10 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         if self._start_watch is not None:
             self._start_watch.poll()
 
-    def _anchors(self) -> list[tuple[int, float | None, float]]:
+    def _anchors(self, watch: ticks.Watch) -> list[tuple[int, float | None, float]]:
         """Per GPU (counter at its latest refresh, that refresh's time or None, power in mW)
         from the start edge's watch (:meth:`prepare`, or :meth:`begin` without it)."""
-        watch, self._start_watch = self._start_watch, None
-        assert watch is not None
-        seen = self._start_seen = watch.seen
+        seen = watch.seen
         self._edge_s = watch.slowest  # a new window's edges
         now = self._read() if any(len(s) < 2 for s in seen) else []
         anchors: list[tuple[int, float | None, float]] = []
@@ -191,21 +188,23 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         if self._tracking_error is not None:
             error, self._tracking_error = self._tracking_error, None
             raise error
-        anchor = self._anchors()
+        watch, self._start_watch = self._start_watch, None
+        anchor = self._anchors(watch)
         self._raw_start = [v for v, _, _ in anchor]  # counter values: backwards check
         self._start = [v if t is None else v + mw * (now - t) for v, t, mw in anchor]
         self._unaligned = [i for i, (_, t, _) in enumerate(anchor) if t is None]
-        self._missed_s = self._missed(now)
+        self._missed_s = self._missed(watch.seen, now)
         self._edge_s = [max(e, m) for e, m in zip(self._edge_s, self._missed_s, strict=True)]
 
-    def _missed(self, now: float) -> list[float]:
+    @staticmethod
+    def _missed(seen: list[list[tuple[int, float]]], now: float) -> list[float]:
         """Per GPU, how far the start value extrapolates (s) where that passes a refresh the
         watch did not use (the latest seen through a slow read, or none seen: the watching
         thread held up, e.g. by a garbage-collection pause): the power over all of that time
         is a guess, so the edge is that uncertain (``edge_read_ms``, the verdict's
         edge_read_slow). 0 where the latest refresh is within a period (+ a slow read)."""
         out = []
-        for s in self._start_seen:
+        for s in seen:
             if len(s) < 2:
                 out.append(0.0)
                 continue
@@ -262,13 +261,13 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     filter(None, [r.detail, f"edge corrections leave {delta:.0f} mJ: not resolved"])
                 )
             r.edge_read_ms = self._edge_s[i] * 1e3
-            if self._missed_s[i] >= self._edge_s[i] > ticks.SLOW_READ_S:
-                late = f"start value extrapolated {r.edge_read_ms:.1f} ms past a missed refresh"
-                r.detail = "; ".join(filter(None, [r.detail, late]))
-            elif self._edge_s[i] > ticks.SLOW_READ_S:
-                r.detail = "; ".join(
-                    filter(None, [r.detail, f"slow edge read: {r.edge_read_ms:.1f} ms"])
+            if self._edge_s[i] > ticks.SLOW_READ_S:
+                slow = (
+                    f"start value extrapolated {r.edge_read_ms:.1f} ms past a missed refresh"
+                    if self._missed_s[i] >= self._edge_s[i]
+                    else f"slow edge read: {r.edge_read_ms:.1f} ms"
                 )
+                r.detail = "; ".join(filter(None, [r.detail, slow]))
             if i in self._unaligned:
                 r.detail = "; ".join(
                     filter(None, [r.detail, f"counter did not refresh within {ticks.TIMEOUT_S} s"])

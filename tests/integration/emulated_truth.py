@@ -94,7 +94,7 @@ LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # The Slurm sweeps keep their bounds below: after the fix, the 2-node sweep's four ranks still had
 # medians of -9.8 to -12.1 ms over two 1.5-1.8 s windows (within 17.5 ms each), not explained.
 # Read since (CI runs 42-43, 2026-11-28) as ranks late out of a barrier, taking their edges
-# after the window's: its end is now the earliest end too, and the late rank's rows
+# after the window's: the window's end is now the earliest end too, and the late rank's rows
 # state their lateness (aggregate/windows.py combine_ranks; flagged rows below).
 # With the blocking barrier (CI run 41, 2026-11-28): the 2-node sweep's 28 windows within
 # 13.2 ms, GPU medians within 4.3 ms; the shared-node sweep's 48 within 29 ms, medians 2.4 ms.

@@ -182,9 +182,9 @@ test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
 	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); \
 	shared=$$(mktemp -d -t energysweep-test-shared.XXXXXX); export ENERGYSWEEP_TEST_SHARED_DIR=$$shared; \
-	$(BIN)/python -m pytest -q --durations=10 -m "slurm or beside_slurm" >"$$log" 2>&1 & slurm_pid=$$!; \
+	$(BIN)/python -m pytest -q --durations=25 -m "slurm or beside_slurm" >"$$log" 2>&1 & slurm_pid=$$!; \
 	trap 'kill $$slurm_pid 2>/dev/null; wait $$slurm_pid; rm -rf "$$log" "$$shared"' INT TERM; \
-	$(BIN)/python -m pytest -q --durations=10 -m "not slurm and not beside_slurm"; rest=$$?; \
+	$(BIN)/python -m pytest -q --durations=25 -m "not slurm and not beside_slurm"; rest=$$?; \
 	wait $$slurm_pid; slurm=$$?; \
 	echo "=== Slurm tests and those beside them (pytest -m 'slurm or beside_slurm', run alongside the above) ==="; \
 	cat "$$log"; rm -rf "$$log" "$$shared"; \

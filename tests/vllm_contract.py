@@ -114,6 +114,7 @@ def main() -> int:
     assert pc.world_size == 4
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     shared_memory_names()
+    worker_titles()
     print("vllm contract ok:", vllm.__version__)
     return 0
 
@@ -153,6 +154,42 @@ def shared_memory_names() -> None:
     comm = cpu_communicator.CpuCommunicator
     check = inspect.getsource(comm._all_group_ranks_share_shm_group_name)
     assert "_CPUSHMDistributed.make_group_name(self)" in check
+
+
+def worker_titles() -> None:
+    """The served engine's process titles, which a serving job's ``gpu_pids`` parses
+    (energysweep.launch.server.worker_gpu): a worker's ``VLLM::Worker[_PP<p>][_TP<t>]``, set
+    from its parallel groups, under its engine core's ``VLLM::EngineCore_DP<d>``."""
+    from types import SimpleNamespace
+
+    from vllm.v1.engine import core
+    from vllm.v1.executor import multiproc_executor as mp
+
+    from energysweep.launch.server import worker_gpu
+
+    def group(size: int, rank: int):
+        return lambda: SimpleNamespace(world_size=size, rank_in_group=rank)
+
+    titles: list[str] = []
+    saved = {n: getattr(mp, n) for n in dir(mp) if n.startswith("get_") and n.endswith("_group")}
+    for name in ("model_parallel_is_initialized", "set_process_title", "decorate_logs"):
+        saved[name] = getattr(mp, name)
+    try:
+        mp.model_parallel_is_initialized = lambda: True
+        mp.set_process_title = lambda name, suffix="": titles.append(f"VLLM::{name}")
+        mp.decorate_logs = lambda *a, **k: None
+        for name in saved:
+            if name.endswith("_group"):
+                setattr(mp, name, group(1, 0))
+        mp.get_pp_group, mp.get_tp_group = group(2, 1), group(2, 1)
+        mp.WorkerProc.setup_proc_title_and_log_prefix(enable_ep=False)
+    finally:
+        for name, value in saved.items():
+            setattr(mp, name, value)
+    assert titles == ["VLLM::Worker_PP1_TP1"], titles
+    assert worker_gpu(titles[0], "VLLM::EngineCore_DP1", tp=2, pp=2) == 7
+    # One engine core per DP replica, titled with its rank (the worker's parent).
+    assert 'f"EngineCore_DP{dp_rank}"' in inspect.getsource(core)
 
 
 if __name__ == "__main__":

@@ -40,9 +40,14 @@ es_config.check(
 
 GRID = es_config.build_grid(config, Path.cwd())
 # A local run starts no more GPU work at once than this node has GPUs (each job also claims its
-# own: energysweep.launch.gpu_claims); `--resources gpu=N` overrides it. Slurm allocates.
+# own: energysweep.launch.gpu_claims); `--resources gpu=N` overrides it. A cluster run submits
+# with --jobs (Snakemake's `nodes`, by which its own scheduler tells cluster submission apart):
+# Slurm allocates. (`workflow.local_exec` cannot tell them apart here: Snakemake sets the
+# executor after reading the Snakefile, so it is True while it is read, and a Slurm sweep was
+# held to the GPU count of the machine it was submitted from: on the emulated node, its 4 GPUs
+# across the cluster, 2-GPU jobs submitted two at a time.)
 if (
-    workflow.local_exec
+    workflow.global_resources["_nodes"].value is None
     and "gpu" not in workflow.global_resources
     and not os.environ.get("SLURM_JOB_ID")
 ):

@@ -186,10 +186,13 @@ def slurm_three_nodes(slurm_switch: ClusterSwitch) -> MultiNodeCluster:
 
 
 def order_multinode_last(items: list) -> None:
-    """Stable sort: single-node tests, then 2-node, then 3-node ones (fewest mode switches)."""
+    """Stable sort: single-node tests, then 2-node, then 3-node ones (fewest mode switches);
+    within a mode, tests marked ``last_on_its_cluster`` last (they check a sweep that ran beside
+    the tests before them)."""
 
-    def mode(item) -> int:
+    def mode(item) -> tuple[int, bool]:
         names = getattr(item, "fixturenames", ())
-        return max((i + 1 for i, n in enumerate(MULTINODE_FIXTURES) if n in names), default=0)
+        nodes = max((i + 1 for i, n in enumerate(MULTINODE_FIXTURES) if n in names), default=0)
+        return nodes, item.get_closest_marker("last_on_its_cluster") is not None
 
     items.sort(key=mode)

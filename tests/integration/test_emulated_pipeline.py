@@ -98,6 +98,11 @@ def test_each_rank_measured_its_own_gpu(emulated_run):
             ident = identity(r.host, r.gpu_index)
             assert (r.gpu_uuid, r.gpu_pci_bus_id) == (ident.uuid, ident.pci_bus_id)
             assert int(r.allocated_gpus.split(",")[r.local_rank]) == r.gpu_index
+    # The local profile started no more GPU work at once than the node has GPUs: Snakemake's
+    # `gpu` resource is the emulated node's 4 (rules/common.smk; never on a Slurm run,
+    # test_slurm_pipeline.py::test_default_sweep_through_slurm).
+    log = sorted((wf / ".snakemake" / "log").glob("*.snakemake.log"))[0]  # the sweep's run
+    assert re.search(r"Provided resources: .*gpu\W+4\b", log.read_text()), log.read_text()[:2000]
 
 
 @pytest.mark.timeout(900)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from emulated_truth import (
@@ -51,7 +53,7 @@ def write_config(wf: Path, over: dict) -> str:
     return "--configfile=config/test.yaml"
 
 
-SACCT_COLUMNS = ["job_id", "comment", "tres", "state", "start", "end"]
+SACCT_COLUMNS = ["job_id", "comment", "tres", "state", "submit", "start", "end", "workdir"]
 
 
 def _sacct_table(*select: str) -> pd.DataFrame:
@@ -64,7 +66,7 @@ def _sacct_table(*select: str) -> pd.DataFrame:
             "-P",
             "-n",
             "-o",
-            "JobID,Comment%200,AllocTRES%80,State,Start,End",
+            "JobID,Comment%200,AllocTRES%80,State,Submit,Start,End,WorkDir%400",
         ],
         capture_output=True,
         text=True,
@@ -78,15 +80,16 @@ def _sacct_table(*select: str) -> pd.DataFrame:
 
 def sacct(job_ids) -> pd.DataFrame:
     df = _sacct_table("-j", ",".join(sorted(job_ids)))
-    df["start"] = pd.to_datetime(df["start"])
-    df["end"] = pd.to_datetime(df["end"])
+    for column in ("submit", "start", "end"):
+        df[column] = pd.to_datetime(df[column])
     return df
 
 
-def rule_jobs(since: str, rule: str) -> pd.DataFrame:
-    """All jobs of one rule submitted since ``since`` (sacct -S), with their comment."""
+def rule_jobs(since: str, rule: str, wf: Path) -> pd.DataFrame:
+    """The jobs of one rule that the workflow in ``wf`` submitted since ``since`` (sacct -S)."""
     df = _sacct_table("-S", since)
-    return df[df["comment"].str.contains(f"rule_{rule}", regex=False)].reset_index(drop=True)
+    mine = df["workdir"].map(lambda d: Path(d).resolve() == wf.resolve())
+    return df[mine & df["comment"].str.contains(f"rule_{rule}", regex=False)].reset_index(drop=True)
 
 
 def stop_snakemake(sm: subprocess.Popen) -> None:
@@ -107,8 +110,15 @@ def now() -> str:
 
 @pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S * 2 + 300)
 def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
+    """The default layouts through Slurm, on the emulated GPU node (its 4 GPUs are the node's
+    GRES): one job per layout and scenario, each allocated exactly tp*pp*dp GPUs; the node
+    packed with jobs whose GPUs never overlap while one waits for GPUs; every rank measuring
+    the GPU its CUDA_VISIBLE_DEVICES names, every window's energy its ground truth's; and the
+    same schema and rows as the same sweep on the local profile (CPU, no GPU). (Two tests until
+    issue 28's test time: this sweep on CPU, and three 2-GPU jobs on the emulated node.)"""
     wf = workflow_copy(tmp_path / "slurm")
-    cfg = write_config(wf, SMALL)
+    emulated = {"device": "emulated", "emulated": {"node_gpus": slurm_cluster.gpus_per_node}}
+    cfg = write_config(wf, {**SMALL, "measurement": emulated})
     argv = ["timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S), "snakemake", *SLURM, cfg]
     log_path = tmp_path / "snakemake-slurm.log"
     with open(log_path, "w") as log:
@@ -136,6 +146,11 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
         assert job["state"] == "COMPLETED", job
         assert job["gpus"] == tp * pp * dp, job
         assert "rule_measure" in job["comment"]
+    allocated = e.groupby("slurm_job_id")["allocated_gpus"].first()
+    assert_gpus_shared_out(acct, allocated, slurm_cluster.gpus_per_node)
+    # Snakemake held back no job for GPUs of its own count (the local profile's cap, from the
+    # submitting machine's GPUs: here the emulated node's 4): Slurm allocates.
+    assert "Provided resources: gpu" not in log_path.read_text()
 
     # The job saw the GPUs Slurm gave it, ran on CPU, and recorded both. Every row joins with
     # sacct: job id, step, partition, account and node.
@@ -149,46 +164,7 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
     assert e["device"].eq("cpu").all()
     gpus_seen = e.groupby(["tp", "pp", "dp"])["allocated_gpus"].first().str.split(",").map(len)
     assert all(n == tp * pp * dp for (tp, pp, dp), n in gpus_seen.items())
-
-    # Same schema and row count as the same sweep on the local profile.
-    le = pd.read_parquet(local / "results" / "energy.parquet")
-    assert list(le.columns) == list(e.columns)
-    assert dict(le.dtypes) == dict(e.dtypes)
-    assert len(le) == len(e)
-    ls = pd.read_csv(local / "results" / "summary.csv")
-    s = pd.read_csv(wf / "results" / "summary.csv")
-    assert list(ls.columns) == list(s.columns) and len(ls) == len(s)
-
-
-@pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 120)
-def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
-    """Three 2-GPU layouts on a 4-GPU node: two run together, the third waits for GPUs.
-
-    On the emulated GPU node (4 GPUs, as the node's GRES): each job's ranks own the GPUs Slurm
-    gave it (CUDA_VISIBLE_DEVICES from GRES), so the two concurrent jobs measured disjoint GPUs,
-    and every window's energy is its ground truth's."""
-    wf = workflow_copy(tmp_path)
-    models = [{"name": f"tiny-{i}", "path": "builtin:tiny", "spec": {"seed": i}} for i in range(3)]
-    emulated = {"device": "emulated", "emulated": {"node_gpus": 4}}
-    over = {**SMALL, **INFERENCE, "models": models, "parallel": {"dp": [2]}}
-    cfg = write_config(wf, {**over, "measurement": emulated})
-    proc = snakemake(wf, cfg)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    e = pd.read_parquet(wf / "results" / "energy.parquet")
-    ids = e.groupby("model")["slurm_job_id"].first()
-    jobs = sacct(ids).sort_values("start").reset_index(drop=True)
-    assert (jobs["state"] == "COMPLETED").all() and (jobs["gpus"] == 2).all()
-    first, second, third = jobs.iloc[0], jobs.iloc[1], jobs.iloc[2]
-    assert second["start"] < first["end"], "the first two 2-GPU jobs did not overlap"
-    assert third["start"] >= min(first["end"], second["end"]), "the third did not wait"
-    # The two concurrent jobs were given disjoint GPUs.
-    gpus = e.groupby("model")["allocated_gpus"].first()
-    by_job = {i: gpus[m] for m, i in ids.items()}
-    a, b = (set(by_job[j].split(",")) for j in (first["job_id"], second["job_id"]))
-    assert not a & b
-    # Each rank measured the emulated GPU its CUDA_VISIBLE_DEVICES entry names: disjoint too.
-    uuids = e.groupby("slurm_job_id")["gpu_uuid"].apply(set)
-    assert len(uuids[first["job_id"]]) == 2 and not uuids[first["job_id"]] & uuids[second["job_id"]]
+    # Each rank measured the emulated GPU its CUDA_VISIBLE_DEVICES entry names, and its energy.
     for r in e.itertuples():
         index = int(r.allocated_gpus.split(",")[r.local_rank])
         assert r.gpu_uuid == identity(r.host, index).uuid and r.gpu_index == index
@@ -197,9 +173,46 @@ def test_two_gpu_jobs_share_the_node_third_waits(slurm_cluster, tmp_path):
     assert len(rows) == len(e)
     assert_matches_truth(rows, SLURM_WORST_ERROR_S, SLURM_RANK_BIAS_S, SLURM_LONG_ERROR_PCT)
 
+    # Same schema and row count as the same sweep on the local profile.
+    # (The arrow schema, not pandas' dtypes: a column null on CPU reads back as object there.)
+    local_energy = pq.read_table(local / "results" / "energy.parquet")
+    assert local_energy.schema == pq.read_table(wf / "results" / "energy.parquet").schema
+    assert local_energy.num_rows == len(e)
+    ls = pd.read_csv(local / "results" / "summary.csv")
+    s = pd.read_csv(wf / "results" / "summary.csv")
+    assert list(ls.columns) == list(s.columns) and len(ls) == len(s)
+
+
+def assert_gpus_shared_out(acct: pd.DataFrame, allocated: pd.Series, node_gpus: int) -> None:
+    """Slurm gave the node's ``node_gpus`` GPUs to the sweep's jobs (``acct``, by job id;
+    ``allocated``: the GPUs each job saw): jobs ran together, never on one GPU at once, never on
+    more GPUs than the node has, and a job submitted with the others waited for GPUs to come
+    free."""
+    jobs = acct.assign(gpu_set=allocated.reindex(acct.index).str.split(",").map(set))
+    together = 0
+    for job_id, job in jobs.iterrows():
+        # sacct's whole seconds: a job starting within the second another ended counts as after.
+        running = jobs[(jobs["start"] <= job["start"]) & (jobs["end"] > job["start"])]
+        assert running["gpus"].sum() <= node_gpus, running
+        together = max(together, len(running))
+        for other_id, other in running.drop(index=job_id).iterrows():
+            assert not job["gpu_set"] & other["gpu_set"], (job_id, other_id, running)
+    assert together >= 2, jobs
+    waited = [
+        (a, b)
+        for a, ja in jobs.iterrows()
+        for b, jb in jobs.iterrows()
+        if jb["submit"] < ja["end"] <= jb["start"]
+    ]
+    assert waited, jobs
+
 
 @pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 300)
-def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(slurm_cluster, tmp_path):
+def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(
+    slurm_cluster, overtime_run, tmp_path
+):
+    # overtime_run: the timeout-retry test's sweep, started here to run beside this test and
+    # the serving one (one GPU each, of the node's 4).
     wf = workflow_copy(tmp_path)
     cfg = write_config(
         wf,
@@ -248,34 +261,56 @@ def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(slurm_clust
     assert states.to_dict() == {killed: "CANCELLED", done[0]: "COMPLETED"}
 
 
-@pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 120)
-def test_job_over_its_runtime_is_retried_with_more(slurm_cluster, tmp_path):
-    """A job needing about 2 minutes gets 1 (TIMEOUT), then succeeds on the longer retry."""
-    wf = workflow_copy(tmp_path)
-    cfg = write_config(
-        wf,
-        {
-            # An idle baseline of 90 s on the emulated node (its GPU idles, the rank sleeps),
-            # plus start-up: > 90 s, and the 2 cores left to the other pytest session (two 45 s
-            # windows of inference kept one of them busy for the test's 4 minutes: issue 28).
-            "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1},
-            "measurement": {
-                "device": "emulated",
-                "emulated": {"node_gpus": 4},
-                "idle_baseline_s": 90,
-                "prefill_pass": False,
-            },
-            "parallel": {"tp": [1], "pp": [1], "dp": [1]},
-            **INFERENCE,
-        },
-    )
-    since = now()
+# The timeout-retry test's sweep: an idle baseline of 90 s on the emulated node (its GPU idles,
+# the rank sleeps), plus start-up: > 90 s, so Slurm kills the first attempt under a 1-minute
+# limit (60-90 s in). Its job mostly waits, so it runs beside other single-node tests (fixture
+# overtime_run; the test that checks it runs last on the single-node cluster, slurm_fixtures):
+# alone, it was 4 minutes of the Slurm session's chain (issue 28).
+OVERTIME = {
+    "workload": {"batch_sizes": [1], "repetitions": 1, "iterations": 1},
+    "measurement": {
+        "device": "emulated",
+        "emulated": {"node_gpus": 4},
+        "idle_baseline_s": 90,
+        "prefill_pass": False,
+    },
+    "parallel": {"tp": [1], "pp": [1], "dp": [1]},
+    **INFERENCE,
+}
+
+
+@pytest.fixture(scope="session")
+def overtime_run(slurm_switch, tmp_path_factory):
+    """The sweep test_job_over_its_runtime_is_retried_with_more checks, started by the first test
+    that asks for it and left running beside the next ones (its one job holds one of the node's
+    4 GPUs); stopped at the session's end if still running."""
+    slurm_switch.ensure(1)
+    wf = workflow_copy(tmp_path_factory.mktemp("overtime"))
+    cfg = write_config(wf, OVERTIME)
     # 1 minute on the first attempt, 5 on the retry (Slurm kills a 1-minute job 60-90 s in; the
-    # retry's ~2 minutes of work keep a margin while other tests load the 2 cores: pytest -n 2).
-    # profiles/slurm-ci turns retries off for every other test: this one needs its retry.
-    proc = snakemake(wf, cfg, "--set-resources", "measure:runtime=4*attempt-3", "--retries", "1")
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    jobs = rule_jobs(since, "measure")
+    # retry's ~2 minutes keep a margin while other tests load the 2 cores). profiles/slurm-ci
+    # turns retries off for every other test: this one needs its retry.
+    retry = ["--set-resources", "measure:runtime=4*attempt-3", "--retries", "1"]
+    argv = ["timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S), "snakemake", *SLURM, cfg, *retry]
+    log_path = wf.parent / "snakemake-overtime.log"
+    since = now()
+    with open(log_path, "w") as log:
+        sm = subprocess.Popen(
+            argv, cwd=wf, env=test_env(slurm=True), stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        yield SimpleNamespace(wf=wf, since=since, proc=sm, log=log_path)
+    finally:
+        stop_snakemake(sm)
+
+
+@pytest.mark.timeout(SNAKEMAKE_TIMEOUT_S + 120)
+@pytest.mark.last_on_its_cluster
+def test_job_over_its_runtime_is_retried_with_more(overtime_run):
+    """A job needing about 2 minutes gets 1 (TIMEOUT), then succeeds on the longer retry."""
+    overtime_run.proc.wait(timeout=SNAKEMAKE_TIMEOUT_S + 60)
+    assert overtime_run.proc.returncode == 0, overtime_run.log.read_text()[-5000:]
+    jobs = rule_jobs(overtime_run.since, "measure", overtime_run.wf)
     states = jobs["state"].str.split().str[0].tolist()
     assert states == ["TIMEOUT", "COMPLETED"], jobs
     limits = subprocess.run(
@@ -287,6 +322,6 @@ def test_job_over_its_runtime_is_retried_with_more(slurm_cluster, tmp_path):
     ).stdout.split()
     assert [lim.split("|")[1] for lim in limits] == ["00:01:00", "00:05:00"]
     # The retry measured what the first attempt could not: its idle baseline, then its window.
-    e = pd.read_parquet(wf / "results" / "energy.parquet")
+    e = pd.read_parquet(overtime_run.wf / "results" / "energy.parquet")
     assert e["status"].eq("ok").all() and set(e["slurm_job_id"]) == {jobs["job_id"].iloc[1]}
     assert (e["idle_gpu_power_status"] == "measured").all()

@@ -14,6 +14,7 @@ import re
 
 import pandas as pd
 import pytest
+import yaml
 from emulated_truth import against_truth, assert_matches_truth
 
 from energysweep.hw.emulated.node import identity
@@ -99,10 +100,13 @@ def test_each_rank_measured_its_own_gpu(emulated_run):
             assert (r.gpu_uuid, r.gpu_pci_bus_id) == (ident.uuid, ident.pci_bus_id)
             assert int(r.allocated_gpus.split(",")[r.local_rank]) == r.gpu_index
     # The local profile started no more GPU work at once than the node has GPUs: Snakemake's
-    # `gpu` resource is the emulated node's 4 (rules/common.smk; never on a Slurm run,
+    # `gpu` resource is the emulated node's count (rules/common.smk; never on a Slurm run,
     # test_slurm_pipeline.py::test_default_sweep_through_slurm).
+    config = yaml.safe_load((wf / "results" / "config.yaml").read_text())
+    gpus = config["config"]["measurement"]["emulated"]["node_gpus"]
     log = sorted((wf / ".snakemake" / "log").glob("*.snakemake.log"))[0]  # the sweep's run
-    assert re.search(r"Provided resources: .*gpu\W+4\b", log.read_text()), log.read_text()[:2000]
+    provided = re.search(r"Provided resources: .*gpu\W+(\d+)\b", log.read_text())
+    assert provided and int(provided.group(1)) == gpus, log.read_text()[:2000]
 
 
 @pytest.mark.timeout(900)

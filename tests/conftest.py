@@ -36,9 +36,15 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
 # the others. These modules hold no timing bound (no emulated ground truth): the emulated
 # truth tests keep the contention they were calibrated under (a third session side by side made
 # their window edges miss by up to 76 ms, issue 28's note).
-# test_training_parallel.py joined them to even the two sessions out (issue 28: CI run 45 had
-# 1584 s without the Slurm tests, and the Slurm chain was about to lose 400 s).
-BESIDE_SLURM = {"test_bench_quick.py", "test_engine_backends_fake.py", "test_training_parallel.py"}
+# The last three joined them to even the two sessions out (issue 28: CI run 46 had 1557 s
+# without the Slurm tests, 1342 s with them).
+BESIDE_SLURM = {
+    "test_bench_quick.py",
+    "test_engine_backends_fake.py",
+    "test_training_parallel.py",
+    "test_serving_fake.py",
+    "test_archive_reproduce.py",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

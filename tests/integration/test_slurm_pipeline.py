@@ -22,6 +22,7 @@ from emulated_truth import (
     against_truth,
     assert_matches_truth,
 )
+from test_vllm_real import processes_in
 
 from energysweep.hw.emulated.node import identity
 
@@ -259,6 +260,9 @@ def test_scancel_mid_measurement_leaves_no_shard_and_rerun_completes(
     assert len(done) == 1 and done[0] != killed  # every row comes from the rerun
     states = sacct([killed, done[0]]).set_index("job_id")["state"].str.split().str[0]
     assert states.to_dict() == {killed: "CANCELLED", done[0]: "COMPLETED"}
+    # Nothing of either job outlives it: CI run 47 found the cancelled job's inner Snakemake
+    # (the jobstep plugin's, under srun) still running an hour later, parented to init.
+    assert processes_in(wf) == []
 
 
 # The timeout-retry test's sweep: an idle baseline of 90 s on the emulated node (its GPU idles,

@@ -161,6 +161,7 @@ def worker_titles() -> None:
     (energysweep.launch.server.worker_gpu): a worker's ``VLLM::Worker[_PP<p>][_TP<t>]``, set
     from its parallel groups, under its engine core's ``VLLM::EngineCore_DP<d>``."""
     from types import SimpleNamespace
+    from unittest import mock
 
     from vllm.v1.engine import core
     from vllm.v1.executor import multiproc_executor as mp
@@ -171,21 +172,16 @@ def worker_titles() -> None:
         return lambda: SimpleNamespace(world_size=size, rank_in_group=rank)
 
     titles: list[str] = []
-    saved = {n: getattr(mp, n) for n in dir(mp) if n.startswith("get_") and n.endswith("_group")}
-    for name in ("model_parallel_is_initialized", "set_process_title", "decorate_logs"):
-        saved[name] = getattr(mp, name)
-    try:
-        mp.model_parallel_is_initialized = lambda: True
-        mp.set_process_title = lambda name, suffix="": titles.append(f"VLLM::{name}")
-        mp.decorate_logs = lambda *a, **k: None
-        for name in saved:
-            if name.endswith("_group"):
-                setattr(mp, name, group(1, 0))
-        mp.get_pp_group, mp.get_tp_group = group(2, 1), group(2, 1)
+    groups = {n: group(1, 0) for n in dir(mp) if n.startswith("get_") and n.endswith("_group")}
+    groups.update(get_pp_group=group(2, 1), get_tp_group=group(2, 1))
+    with mock.patch.multiple(
+        mp,
+        **groups,
+        model_parallel_is_initialized=lambda: True,
+        set_process_title=lambda name, suffix="": titles.append(f"VLLM::{name}"),
+        decorate_logs=lambda *a, **k: None,
+    ):
         mp.WorkerProc.setup_proc_title_and_log_prefix(enable_ep=False)
-    finally:
-        for name, value in saved.items():
-            setattr(mp, name, value)
     assert titles == ["VLLM::Worker_PP1_TP1"], titles
     assert worker_gpu(titles[0], "VLLM::EngineCore_DP1", tp=2, pp=2) == 7
     # One engine core per DP replica, titled with its rank (the worker's parent).

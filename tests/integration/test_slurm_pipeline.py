@@ -36,9 +36,22 @@ SLURM = ["--profile", "profiles/slurm", "--profile", "profiles/slurm-ci"]
 SNAKEMAKE_TIMEOUT_S = 900
 
 
-def snakemake(wf: Path, *args: str, profile=SLURM, timeout=SNAKEMAKE_TIMEOUT_S):
+def snakemake_argv(*args: str, profile=SLURM, timeout=SNAKEMAKE_TIMEOUT_S) -> list[str]:
     # `timeout -k` as well: a Snakemake that lost its jobs ignores SIGTERM (reference notes).
-    argv = ["timeout", "-k", "20", str(timeout), "snakemake", *profile, *args]
+    return ["timeout", "-k", "20", str(timeout), "snakemake", *profile, *args]
+
+
+def start_snakemake(wf: Path, log_path: Path, *args: str) -> subprocess.Popen:
+    """Snakemake through Slurm in the background (:func:`stop_snakemake`), output in log_path."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            snakemake_argv(*args), cwd=wf, env=test_env(slurm=True), stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def snakemake(wf: Path, *args: str, profile=SLURM, timeout=SNAKEMAKE_TIMEOUT_S):
+    argv = snakemake_argv(*args, profile=profile, timeout=timeout)
     return subprocess.run(
         argv,
         cwd=wf,
@@ -120,12 +133,8 @@ def test_default_sweep_through_slurm(slurm_cluster, request, tmp_path):
     wf = workflow_copy(tmp_path / "slurm")
     emulated = {"device": "emulated", "emulated": {"node_gpus": slurm_cluster.gpus_per_node}}
     cfg = write_config(wf, {**SMALL, "measurement": emulated})
-    argv = ["timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S), "snakemake", *SLURM, cfg]
     log_path = tmp_path / "snakemake-slurm.log"
-    with open(log_path, "w") as log:
-        sm = subprocess.Popen(
-            argv, cwd=wf, env=test_env(slurm=True), stdout=log, stderr=subprocess.STDOUT
-        )
+    sm = start_snakemake(wf, log_path, cfg)
     try:
         # Meanwhile (the Slurm sweep mostly waits on the scheduler) the same sweep on the local
         # profile: the session's run, shared with test_pipeline_local (done already if it ran).
@@ -295,13 +304,9 @@ def overtime_run(slurm_switch, tmp_path_factory):
     # retry's ~2 minutes keep a margin while other tests load the 2 cores). profiles/slurm-ci
     # turns retries off for every other test: this one needs its retry.
     retry = ["--set-resources", "measure:runtime=4*attempt-3", "--retries", "1"]
-    argv = ["timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S), "snakemake", *SLURM, cfg, *retry]
     log_path = wf.parent / "snakemake-overtime.log"
     since = now()
-    with open(log_path, "w") as log:
-        sm = subprocess.Popen(
-            argv, cwd=wf, env=test_env(slurm=True), stdout=log, stderr=subprocess.STDOUT
-        )
+    sm = start_snakemake(wf, log_path, cfg, *retry)
     try:
         yield SimpleNamespace(wf=wf, since=since, proc=sm, log=log_path)
     finally:

@@ -47,7 +47,10 @@ rule measure:
 
 
 # A serving job (energysweep.scenarios.serving.scenario): the same step, one shard per batch cap and
-# repetition (each holds every load level's window of that repetition).
+# repetition (each holds every load level's window of that repetition). Started before the other
+# ready jobs: it is a sweep's longest one-GPU job (a server start per batch cap, a load ramp per
+# rate), so the shorter jobs fill the other GPUs (cores, on CPU) beside it instead of waiting
+# after it (issue 30: make run spent 41 s with only the serving job running when it came last).
 use rule measure as serve with:
     output:
         shards=JOB_PATHS.shards(SERVING_CAPS, REPS),
@@ -58,3 +61,4 @@ use rule measure as serve with:
         requests=JOB_PATHS.requests,
     wildcard_constraints:
         scenario="serving",
+    priority: 1

@@ -201,3 +201,20 @@ def test_slurm_dry_run_with_device_auto_keeps_gpu_freq(wf):
         assert "--gpu-freq=medium" in job["resources"]["slurm_extra"], job
     skipped = es_config.build_grid(full, ROOT).skipped
     assert not [s for s in skipped if "no GPU to set" in s["reason"]]
+
+
+def test_serving_jobs_are_started_before_the_other_jobs(wf):
+    """A serving job is a sweep's longest one-GPU job (a server start per batch cap, a ramp per
+    rate): the serve rule's priority starts it first, so the shorter jobs run beside it rather
+    than after it (issue 30). The measure jobs keep the default priority."""
+    cfg = {"backends": ["pytorch", "vllm"], "scenarios": ["inference", "serving"]}
+    (wf / "config" / "serving-first.yaml").write_text(yaml.safe_dump(cfg))
+    rc, out = snakemake(
+        wf, "-n", "--profile", "profiles/local", "--configfile", "config/serving-first.yaml"
+    )
+    assert rc == 0, out[-4000:]
+    blocks = {rule: [b.split("\n\n")[0] for b in out.split(f"rule {rule}:")[1:]]
+              for rule in ("serve", "measure")}  # fmt: skip
+    assert len(blocks["serve"]) == 1 and len(blocks["measure"]) >= 2, out[-4000:]
+    assert all(re.search(r"^\s*priority: 1$", b, re.M) for b in blocks["serve"]), blocks["serve"]
+    assert not any("priority:" in b for b in blocks["measure"]), blocks["measure"]

@@ -219,6 +219,9 @@ def test_a_sigkilled_vllm_job_leaves_nothing_once_the_next_job_started(sweep):
     # The job right after succeeded (published) and named its own segments after itself.
     groups = set(re.findall(r"vllm: CPU shared-memory group (\S+?-cpushm)", log))
     assert groups == {f"energysweep-{spec_job_id(wf, tp2)[:16]}-tp:0-[0-1]-cpushm"}, groups
+    # Its ranks unlinked them (they end with os._exit, skipping vLLM's unlink at exit): the
+    # launcher's cleanup found none of this job's left.
+    assert "(left by this job)" not in log, log[-3000:]
     assert (wf / job_dir(*tp2) / "job.json").is_file()
     for job_id in (killed_id, spec_job_id(wf, tp2)):
         assert segments_of(job_id) == []

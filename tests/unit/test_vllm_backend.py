@@ -308,3 +308,17 @@ def test_an_eager_engine_on_cpu_ranks_compiles_nothing(monkeypatch):
     assert torch._dynamo.config.disable is True
     compiled = torch.compile(lambda x: x + 1)
     assert compiled(torch.ones(2)).tolist() == [2.0, 2.0]  # runs eagerly, nothing compiled
+
+
+def test_a_rank_unlinks_its_jobs_engine_segments_and_no_others(tmp_path):
+    """The rank skips the interpreter's exit, where vLLM's CPU communicator unlinks its segments
+    (energysweep.run.entry): close() unlinks the job's own, by their per-job names."""
+    from energysweep.job.names import segment_prefix
+
+    mine, other = segment_prefix("a" * 32), segment_prefix("b" * 32)
+    names = [f"{mine}-tp:0-[0-1]-cpushm_0", f"{mine}-pp:1-[0-1]-cpushm_1",
+             f"{other}-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_0", f"{mine}-notes"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    vllm_backend.unlink_job_segments(mine, shm=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from energysweep.backends.engine_common import EngineBackend, max_batch_size, max_model_len
@@ -257,6 +258,17 @@ class VllmBackend(EngineBackend):
             destroy_model_parallel()
         except Exception as exc:  # teardown must not hide the job's result
             print(f"vllm teardown: {type(exc).__name__}: {exc}")
+        unlink_job_segments(segment_prefix(self.job.job_id))
+
+
+def unlink_job_segments(prefix: str, shm: Path = Path("/dev/shm")) -> None:
+    """Unlink the CPU communicator's shared-memory segments of this job (named by
+    :func:`name_segments_per_job`), as vLLM does only in a destructor at the process's exit,
+    which a rank skips (energysweep.run.entry ends it with ``os._exit``). Every rank joined every
+    segment at the engine's init, so a peer still in its last collective keeps its mappings;
+    the ranks race for the same names harmlessly."""
+    for path in shm.glob(f"{prefix}-*-cpushm_*"):
+        path.unlink(missing_ok=True)
 
 
 def load_backend(ctx, job: LaunchedJob) -> VllmBackend:

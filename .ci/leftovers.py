@@ -3,7 +3,10 @@
 Checked independently of the code under test (no energysweep import), from /proc, /dev/shm,
 /sys and `ip`, as a person would look:
 
-- processes: a live process whose environment carries a job mark (ENERGYSWEEP_JOB_MARK);
+- processes: a live process whose environment carries a job mark (ENERGYSWEEP_JOB_MARK), or that
+  works in this checkout or in pytest's temp dirs (a workflow copy's orphaned Snakemake carries
+  no mark: CI run 47 left one), other than this check, the commands that started it and their
+  children;
 - shared memory: an engine segment of a job (vLLM's CPU communicator: ``*-cpushm_<rank>``) or any
   entry of /dev/shm created since ``--before`` that no live process maps or holds open;
 - temp dirs: a job's own temp dir (``energysweep-job-*`` in the temp dir);
@@ -19,6 +22,7 @@ Usage: ``python .ci/leftovers.py snapshot FILE`` before, ``python .ci/leftovers.
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import re
 import subprocess
@@ -61,6 +65,43 @@ def marked_processes(pids: list[int]) -> list[str]:
         for pid in pids
         if any(v.startswith(MARK) for v in _read(f"/proc/{pid}/environ").split(b"\0"))
     ]
+
+
+def work_trees() -> list[Path]:
+    """Where `make test` and `make run` run processes: this checkout (the working directory: .ci/run
+    starts in it) and pytest's temp dirs (workflow copies, test clusters), named as pytest names
+    them."""
+    return [Path.cwd().resolve(), Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"]
+
+
+def _parent(pid: int) -> int:
+    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    return int(stat.rpartition(")")[2].split()[1]) if stat else 0
+
+
+def this_check(pids: list[int]) -> set[int]:
+    """This process, the ones that started it (.ci/run's shell, make, a terminal) and their
+    children (a pipeline's `tee`): an orphan is reparented away from them."""
+    ancestors, pid = set(), os.getpid()
+    while pid > 1 and pid not in ancestors:
+        ancestors.add(pid)
+        pid = _parent(pid)
+    return ancestors | {p for p in pids if _parent(p) in ancestors}
+
+
+def stray_processes(pids: list[int], trees: list[Path], skip: set[int]) -> list[str]:
+    """Live processes, other than ``skip``, whose working directory lies in one of ``trees``."""
+    left = []
+    for pid in pids:
+        if pid in skip:
+            continue
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if any(cwd == tree or tree in cwd.parents for tree in trees):
+            left.append(f"process {pid} working in {cwd} ({_cmdline(pid)})")
+    return left
 
 
 def shm_in_use(pids: list[int]) -> set[str]:
@@ -148,14 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("snapshot").add_argument("file", type=Path)
     check = sub.add_parser("check")
     check.add_argument("--before", type=Path, help="a snapshot taken before the run")
+    check.add_argument(
+        "--tree",
+        type=Path,
+        action="append",
+        help="a directory no process may still work in (default: this checkout, pytest's temp)",
+    )
     args = ap.parse_args(argv)
     if args.cmd == "snapshot":
         args.file.write_text("\n".join(sorted(os.listdir(SHM))) + "\n")
         return 0
     before = set(args.before.read_text().split()) if args.before else set(os.listdir(SHM))
     pids = live_pids()
+    marked = marked_processes(pids)
+    skip = this_check(pids) | {int(line.split()[1]) for line in marked}
     left = [
-        *marked_processes(pids),
+        *marked,
+        *stray_processes(pids, [t.resolve() for t in args.tree or work_trees()], skip),
         *segments(before, pids),
         *temp_dirs(),
         *slurm(pids),

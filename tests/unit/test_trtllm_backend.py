@@ -237,6 +237,7 @@ def test_missing_perf_metrics_are_null():
 
 
 # ------------------------------------------------ contract test against the real TensorRT-LLM
+@pytest.mark.gpu
 def test_contract_names():
     tllm = pytest.importorskip("tensorrt_llm", reason="tensorrt_llm not installed (GPU only)")
     import inspect

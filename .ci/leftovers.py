@@ -59,9 +59,9 @@ def _cmdline(pid: int) -> str:
     return _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:200]
 
 
-def marked_processes(pids: list[int]) -> list[str]:
+def marked_pids(pids: list[int]) -> list[int]:
     return [
-        f"process {pid} of a job ({_cmdline(pid)})"
+        pid
         for pid in pids
         if any(v.startswith(MARK) for v in _read(f"/proc/{pid}/environ").split(b"\0"))
     ]
@@ -201,11 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     before = set(args.before.read_text().split()) if args.before else set(os.listdir(SHM))
     pids = live_pids()
-    marked = marked_processes(pids)
-    skip = this_check(pids) | {int(line.split()[1]) for line in marked}
+    marked = marked_pids(pids)
     left = [
-        *marked,
-        *stray_processes(pids, [t.resolve() for t in args.tree or work_trees()], skip),
+        *(f"process {pid} of a job ({_cmdline(pid)})" for pid in marked),
+        *stray_processes(
+            pids, [t.resolve() for t in args.tree or work_trees()], this_check(pids) | set(marked)
+        ),
         *segments(before, pids),
         *temp_dirs(),
         *slurm(pids),

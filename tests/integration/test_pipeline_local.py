@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,6 +14,7 @@ import yaml
 
 from energysweep.figures import FIGURES
 from energysweep.results import unexplained_nulls
+from energysweep.sweep.tinymodel import CACHE_ENV, MANIFEST, SPEC_FILE, cache_key
 
 from conftest import ROOT, test_env, workflow_copy
 from headless_chromium import Chromium
@@ -60,6 +63,16 @@ def test_outputs_and_second_run_is_noop(local_run):
     assert "Nothing to be done" in again.stdout + again.stderr
     html = (wf / "results" / "report.html").read_text(errors="replace")
     assert "energy_per_token.png" in html
+    # The checkpoint came from the session's model cache, or was built and kept there: its files
+    # are the cache entry's, the entry named by its spec's key (energysweep.sweep.tinymodel).
+    log = (wf / "logs" / "build_model" / "tiny-llama.log").read_text()
+    model = wf / "resources" / "models" / "tiny-llama"
+    entry = Path(os.environ[CACHE_ENV]) / cache_key(json.loads((model / SPEC_FILE).read_text()))
+    assert f"kept in the cache, {entry}" in log or f"copied from the cache, {entry}" in log, log
+    files = [p for p in model.iterdir() if p.name != ".snakemake_timestamp"]  # Snakemake's own
+    assert sorted(p.name for p in files) == sorted(json.loads((entry / MANIFEST).read_text()))
+    for path in files:
+        assert path.read_bytes() == (entry / path.name).read_bytes(), path.name
 
 
 @pytest.mark.timeout(900)

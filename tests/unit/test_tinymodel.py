@@ -204,10 +204,93 @@ def test_files_are_not_private(model_dir):
         assert p.stat().st_mode & 0o044 == (model_dir.stat().st_mode & 0o044), p.name
 
 
-def test_cli(tmp_path, capsys):
+def test_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(tinymodel.CACHE_ENV, str(tmp_path / "cache"))
     assert main([str(tmp_path / "m"), "--spec-json", '{"num_hidden_layers": 2}']) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said[-1] == str(tmp_path / "m") and "kept in the cache" in said[0], said
     assert json.loads((tmp_path / "m" / "config.json").read_text())["num_hidden_layers"] == 2
+    assert main([str(tmp_path / "n"), "--no-cache"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "n")
+
+
+# The cache of built checkpoints: a copy is the build's bytes, checked, under a key that changes
+# with whatever the bytes depend on.
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A cache holding the default spec's checkpoint, built there once."""
+    root = tmp_path_factory.mktemp("cache")
+    build_tiny_model(root / "first", cache=root / "models")
+    return root / "models"
+
+
+def test_a_cached_checkpoint_is_the_builds_bytes_and_skips_the_build(
+    tmp_path, model_dir, cache, monkeypatch, capsys
+):
+    monkeypatch.setattr(tinymodel, "_write", lambda tmp, spec: 1 / 0)
+    copy = build_tiny_model(tmp_path / "m", cache=cache)
+    assert _files(copy) == _files(model_dir)  # model_dir: built without a cache
+    (entry,) = cache.iterdir()
+    assert entry.name == tinymodel.cache_key(tinymodel.resolve_spec(None))
+    assert f"copied from the cache, {entry}" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp left beside it
+
+
+def test_a_damaged_cache_entry_is_rebuilt_and_replaced(tmp_path, model_dir, capsys):
+    cache = tmp_path / "cache"
+    build_tiny_model(tmp_path / "a", cache=cache)
+    (entry,) = cache.iterdir()
+    weights = entry / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    rebuilt = build_tiny_model(tmp_path / "b", cache=cache)
+    said = capsys.readouterr().out
+    assert "cache entry unusable: model.safetensors does not match its sha256" in said, said
+    assert _files(rebuilt) == _files(model_dir)
+    assert weights.read_bytes() == (model_dir / "model.safetensors").read_bytes()  # replaced
+    (entry / tinymodel.MANIFEST).unlink()  # an entry without its hashes is not used either
+    build_tiny_model(tmp_path / "c", cache=cache)
+    assert "cache entry unusable" in capsys.readouterr().out
+
+
+def test_the_cache_key_changes_with_what_the_bytes_depend_on(monkeypatch):
+    spec = tinymodel.resolve_spec(None)
+    key = tinymodel.cache_key(spec)
+    assert tinymodel.cache_key(dict(spec)) == key
+    assert tinymodel.cache_key({**spec, "seed": 1}) != key
+    real = tinymodel.metadata.version
+    for name in tinymodel.KEY_LIBRARIES:
+        monkeypatch.setattr(
+            tinymodel.metadata, "version", lambda n, name=name: "0.0" if n == name else real(n)
+        )
+        assert tinymodel.cache_key(spec) != key, name
+    monkeypatch.setattr(tinymodel.metadata, "version", real)
+    monkeypatch.setattr(tinymodel.sys, "version", "3.0.0 (another build)")
+    assert tinymodel.cache_key(spec) != key
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_copy(tmp_path, model_dir, capsys):
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache directory should be")
+    d = build_tiny_model(tmp_path / "m", cache=blocked)
+    assert _files(d) == _files(model_dir)
+    assert "built; not cached:" in capsys.readouterr().out
+
+
+def test_the_default_cache_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(tinymodel.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tinymodel.default_cache() == tmp_path / "energysweep" / "tiny-models"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert tinymodel.default_cache() == tmp_path / "home" / ".cache/energysweep/tiny-models"
+    monkeypatch.setenv(tinymodel.CACHE_ENV, str(tmp_path / "mine"))
+    assert tinymodel.default_cache() == tmp_path / "mine"
+    for off in ("off", ""):
+        monkeypatch.setenv(tinymodel.CACHE_ENV, off)
+        assert tinymodel.default_cache() is None
 
 
 @pytest.mark.parametrize("spec_json", ["{not json", "[1, 2]", '{"bogus": 1}'])

@@ -4,16 +4,24 @@ The result is an ordinary Hugging Face checkpoint directory (config.json, model.
 tokenizer files), so every backend loads it with `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` exactly as it would load a downloaded model.
 
+A built checkpoint can be kept in a cache (:func:`default_cache`, on for the workflow's
+``build_tiny_model`` step and the command line) and copied from there the next time: the same spec
+gives the same bytes for one Python and one set of library versions (and this module's code), and
+those are the cache key; every copy is checked against the hashes stored with it.
+
 Usage: python -m energysweep.sweep.tinymodel OUT_DIR [--spec-json '{"num_hidden_layers": 2}']
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from energysweep.tables.io import atomic_path
@@ -193,12 +201,92 @@ def _write(tmp: Path, spec: dict) -> None:
         path.chmod(file_mode)
 
 
-def build_tiny_model(out_dir: str | Path, spec: dict | None = None) -> Path:
+# The cache of built checkpoints (default_cache); `off` (or empty) turns it off.
+CACHE_ENV = "ENERGYSWEEP_MODEL_CACHE"
+# Beside a cache entry's files: their sha256, checked on every copy out of the cache.
+MANIFEST = "manifest.json"
+# What the bytes depend on besides the spec and Python: the key changes with any of them.
+KEY_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors")
+
+
+def default_cache() -> Path | None:
+    """The cache directory of built checkpoints: $ENERGYSWEEP_MODEL_CACHE (``off`` or empty: no
+    cache), by default ``$XDG_CACHE_HOME/energysweep/tiny-models`` (``~/.cache/...``)."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return None if value.strip() in ("", "off") else Path(value)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "energysweep" / "tiny-models"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def cache_key(spec: dict) -> str:
+    """The cache key of a resolved ``spec``: everything its checkpoint's bytes depend on (the spec,
+    Python and its stdlib corpus, the libraries that write it, this module's code)."""
+    versions: dict[str, str | None] = {}
+    for name in KEY_LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    parts = {
+        "spec": spec,
+        "python": sys.version,
+        "corpus": _sha256("\0".join(_corpus()).encode()),
+        "libraries": versions,
+        "code": _sha256(Path(__file__).read_bytes()),
+    }
+    return _sha256(json.dumps(parts, sort_keys=True).encode())[:32]
+
+
+def _copy_cached(entry: Path, tmp: Path) -> str | None:
+    """Copy cache ``entry``'s files into ``tmp``, each checked against its stored hash: None, or
+    why the entry cannot be used (``tmp`` is then emptied)."""
+    try:
+        hashes = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
+        for name, digest in hashes.items():
+            data = (entry / name).read_bytes()
+            if _sha256(data) != digest:
+                raise ValueError(f"{name} does not match its sha256")
+            (tmp / name).write_bytes(data)
+        if not hashes:
+            raise ValueError("no files")
+    except (OSError, ValueError, AttributeError) as exc:
+        for path in tmp.iterdir():
+            path.unlink()
+        return str(exc)
+    return None
+
+
+def _store(tmp: Path, entry: Path) -> str | None:
+    """Keep the checkpoint built in ``tmp`` as cache ``entry`` (atomically): None, or why not."""
+    try:
+        with atomic_path(entry, directory=True) as staged:
+            hashes = {}
+            for path in sorted(tmp.iterdir()):
+                shutil.copyfile(path, staged / path.name)
+                hashes[path.name] = _sha256(path.read_bytes())
+            (staged / MANIFEST).write_text(json.dumps(hashes, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:  # a read-only or full cache costs the next build, nothing else
+        return str(exc)
+    return None
+
+
+def build_tiny_model(
+    out_dir: str | Path, spec: dict | None = None, cache: str | Path | None = None
+) -> Path:
     """Build a tiny random Llama checkpoint with its tokenizer into `out_dir`.
 
     The same spec gives byte-identical weights and tokenizer.json (for one Python and library
     version). The directory appears complete or not at all: it is written under a temporary
     sibling name and renamed into place; an existing `out_dir` is replaced.
+
+    With a ``cache`` directory, a checkpoint of the same key (:func:`cache_key`) is copied from it
+    (its files checked against their stored sha256; a damaged entry is rebuilt and replaced), and
+    a new build is stored there. One line says which, on stdout.
 
     The tokenizer learns at most about 3,800 tokens from its corpus; a larger `vocab_size` still
     gives the model that many embedding rows (as real checkpoints pad theirs), so generated ids
@@ -207,16 +295,27 @@ def build_tiny_model(out_dir: str | Path, spec: dict | None = None) -> Path:
     Args:
         out_dir: Checkpoint directory to create.
         spec: Overrides of DEFAULT_SPEC keys; None means the defaults.
+        cache: The cache directory (:func:`default_cache`), or None to always build.
 
     Returns:
         The checkpoint directory.
     """
     spec = resolve_spec(spec)
     out = Path(out_dir).absolute()
+    entry = Path(cache) / cache_key(spec) if cache is not None else None
     # Written beside its final name (the rename is atomic) and renamed into place; an existing
     # checkpoint is replaced whole.
     with atomic_path(out, directory=True) as tmp:
+        damaged = _copy_cached(entry, tmp) if entry is not None and entry.is_dir() else "absent"
+        if entry is not None and damaged is None:
+            print(f"tiny model: copied from the cache, {entry}")
+            return out
         _write(tmp, spec)
+        if entry is not None:
+            kept = _store(tmp, entry)
+            what = "built" if damaged == "absent" else f"built (cache entry unusable: {damaged})"
+            where = f"kept in the cache, {entry}" if kept is None else f"not cached: {kept}"
+            print(f"tiny model: {what}; {where}")
     return out
 
 
@@ -232,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"JSON object of overrides of the default spec {json.dumps(DEFAULT_SPEC)}",
     )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help=f"always build; by default a checkpoint is copied from (and kept in) ${CACHE_ENV}, "
+        "or ~/.cache/energysweep/tiny-models",
+    )
     args = parser.parse_args(argv)
     spec = None
     if args.spec_json is not None:
@@ -242,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(spec, dict):
             parser.error("--spec-json must be a JSON object")
     try:
-        out = build_tiny_model(args.out_dir, spec)
+        out = build_tiny_model(args.out_dir, spec, cache=None if args.no_cache else default_cache())
     except ValueError as exc:
         parser.error(str(exc))
     print(out)

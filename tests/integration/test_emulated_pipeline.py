@@ -43,10 +43,15 @@ def test_every_gpu_column_is_filled_and_says_emulated(emulated_run):
     assert per_gpu.between(124.3 * 0.99, 700).all(), per_gpu  # above idle with a context
     # The window sums its GPUs: each point's mean GPU power is the truth's (the emulator's exact
     # power over the same windows, summed over the point's GPUs), not only a plausible number.
-    truth_w = _true_point_power(wf)
+    # A point the verdict flags edge_read_slow is off by no more than its slow reads explain (as
+    # each window in assert_matches_truth; CI run 53: a 0.52 s window's start extrapolated 211 ms
+    # past a missed refresh, 809 W against the truth's ~500, its point's median 650 W for 551).
+    truth_w, slow_w = _true_point_power(wf)
     for r in inference.itertuples():
         key = (r.model, r.backend, r.scenario, r.tp, r.pp, r.dp, r.batch_size)
-        assert r.mean_gpu_power_w == pytest.approx(truth_w[key], rel=0.1), (key, truth_w[key])
+        slow = "edge_read_slow" in r.invalid_reasons.split(";")
+        bound = 0.1 * truth_w[key] + (slow_w[key] if slow else 0.0)
+        assert abs(r.mean_gpu_power_w - truth_w[key]) <= bound, (key, truth_w[key], bound)
     assert training["energy_per_train_token_j"].gt(0).all()
     assert (s["gpu_count"] == s["n_gpus"]).all()
     # Never valid, whatever else: the first reason is always `emulated`.
@@ -68,16 +73,19 @@ def _true_windows(wf) -> pd.DataFrame:
     return t.assign(truth_j=t["truth_mj"] / 1e3)
 
 
-def _true_point_power(wf) -> dict:
+def _true_point_power(wf) -> tuple[dict, dict]:
     """Per inference point (POINT) the median over repetitions of its generate windows' true
-    power summed over the point's GPUs (W)."""
+    power summed over the point's GPUs (W), and what its slow edge reads can move a window's
+    power by (W): the longest read or extrapolation at the GPUs' power limits, over the window."""
     t = _true_windows(wf)
     t = t[t["phase"].eq("generate")]
+    t = t.assign(slow_j=t["gpu_edge_read_max_ms"].fillna(0) / 1e3 * t["power_limit_w"])
     per_window = t.groupby([*POINT, "repetition"]).agg(
-        j=("truth_j", "sum"), s=("window_s", "first")
+        j=("truth_j", "sum"), s=("window_s", "first"), slow_j=("slow_j", "sum")
     )
     power = (per_window["j"] / per_window["s"]).groupby(level=POINT).median()
-    return {tuple(k): v for k, v in power.items()}
+    slow = (per_window["slow_j"] / per_window["s"]).groupby(level=POINT).max()
+    return {tuple(k): v for k, v in power.items()}, {tuple(k): v for k, v in slow.items()}
 
 
 @pytest.mark.timeout(900)

@@ -131,16 +131,23 @@ def test_recheck_stages_and_report_carry_gpu_energy(emulated_run):
     assert len(pp2) and pp2["gpu_energy_j"].gt(0).all()
     # Each stage's energy is its own GPU's: the median over repetitions of the truth of that
     # stage's GPUs (a stage given another's GPU, or the window's total, fails).
+    # A point flagged edge_read_slow: its stage off by no more than its slow reads explain (the
+    # longest read or extrapolation at the power limit; CI run 54: a prefill stage 23% over the
+    # truth after a 253 ms extrapolation, which the verdict now flags).
     t = _true_windows(wf)
     t = t[t["pp"].eq(2)]
-    stage_truth = (
-        t.groupby(["scenario", "batch_size", "phase", "pp_rank", "repetition"])["truth_j"].sum()
-        .groupby(level=["scenario", "batch_size", "phase", "pp_rank"]).median()
-    )  # fmt: skip
-    for r in pp2.itertuples():
-        true_j = stage_truth[(r.scenario, r.batch_size, r.phase, r.pp_rank)]
-        assert r.gpu_energy_j == pytest.approx(true_j, rel=0.1), (r, true_j)
+    t = t.assign(slow_j=t["gpu_edge_read_max_ms"].fillna(0) / 1e3 * t["power_limit_w"])
+    stage = ["scenario", "batch_size", "phase", "pp_rank"]
+    per_rep = t.groupby([*stage, "repetition"])[["truth_j", "slow_j"]].sum()
+    stage_truth = per_rep["truth_j"].groupby(level=stage).median()
+    stage_slow = per_rep["slow_j"].groupby(level=stage).max()
     s = pd.read_csv(wf / "results" / "summary.csv")
+    slow_points = s[s["invalid_reasons"].str.split(";").map(lambda r: "edge_read_slow" in r)]
+    slow = {(p.scenario, p.batch_size) for p in slow_points[slow_points["pp"] == 2].itertuples()}
+    for r in pp2.itertuples():
+        key = (r.scenario, r.batch_size, r.phase, r.pp_rank)
+        bound = 0.1 * stage_truth[key] + (stage_slow[key] if key[:2] in slow else 0.0)
+        assert abs(r.gpu_energy_j - stage_truth[key]) <= bound, (r, stage_truth[key], bound)
     assert s.loc[s["pp"] == 2, "stage_gpu_energy_max_min_ratio"].ge(1).all()
     # The report says so on its first screen, and so do its table pages.
     html = (wf / "results" / "report.html").read_text(errors="replace")

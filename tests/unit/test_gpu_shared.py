@@ -120,6 +120,17 @@ def test_verdict_gpu_shared_from_the_process_list_and_edge_read_slow():
     assert "gpu_shared" in reasons and "edge_read_slow" in reasons
     assert s["gpu_shared_detail"].iloc[0] == "GPU-a: pid 4242 at start+end"
     assert s["edge_read_max_ms"].iloc[0] == 185.0
+    # Every window of the point counts, not only the headline phase's: a slow edge read or a
+    # foreign process in a prefill window (decode = generate - prefill; stages.csv) too.
+    slow_prefill = row(phase="prefill", output_tokens=4, gpu_edge_read_max_ms=253.0)
+    s = _verdict(_frame([row(gpu_edge_read_max_ms=3.0), slow_prefill]))
+    assert "edge_read_slow" in s["invalid_reasons"].iloc[0].split(";")
+    assert s["edge_read_max_ms"].iloc[0] == 253.0
+    s = _verdict(_frame([row(gpu_edge_read_max_ms=3.0),
+                         row(phase="prefill", output_tokens=4, gpu_processes_status="shared",
+                             gpu_processes_foreign="pid 7 at start")]))  # fmt: skip
+    assert "gpu_shared" in s["invalid_reasons"].iloc[0].split(";")
+    assert s["gpu_shared_windows"].iloc[0] == 1
     # Healthy: neither reason, and both checked.
     s = _verdict(_frame([row(gpu_edge_read_max_ms=3.0)]))
     assert not {"gpu_shared", "edge_read_slow"} & set(s["invalid_reasons"].iloc[0].split(";"))

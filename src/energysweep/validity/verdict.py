@@ -158,8 +158,13 @@ def annotate(
     # Every row measured on the emulated node says so (hw.nvml.label): never a valid point.
     emu = rows["gpu_energy_method"].astype(str).str.startswith("emulated:").astype(float)
     checks["emulated"] = _per_point(rows.assign(_emu=emu), s, "_emu", "any") > 0
+    # Every ok window feeds the point, not only the headline phase's: decode is generate minus
+    # prefill, and stages.csv holds each phase. A prefill window on a shared GPU, or with a
+    # slow edge read, moves the point's figures as much (CI run 54: a prefill window's start
+    # extrapolated 253 ms past a missed refresh, its stage 23% over the truth, unflagged).
+    ok_rows = rows[rows["status"] == Status.OK]
     checks["shared"] = sh.columns(
-        s, ok_head, overlaps if overlaps is not None else pd.DataFrame(), checks["period"]
+        s, ok_rows, overlaps if overlaps is not None else pd.DataFrame(), checks["period"]
     )
     _verdict(s, c, gpu_status, has_energy, layout_gpus, **checks)
 

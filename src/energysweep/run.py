@@ -141,19 +141,46 @@ def _start_scenario(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str])
             progress.say("training loads its model at each batch size (no job-level load)")
         monitor.start()
         return None, None, monitor, training
+    from energysweep.backends.base import NotLoaded
     from energysweep.scenarios.inference import InferenceScenario
 
+    refused = _refused_before_load(job, ctx)
     t_load = time.time()
     with phase_clock.during(JobPhase.LOAD):
-        backend = load_backend(job, ctx)
-    load_s = time.time() - t_load
+        backend = NotLoaded(refused) if refused else load_backend(job, ctx)
+    load_s = None if refused else time.time() - t_load
     if ctx.rank == 0:
-        progress.say(f"model loaded in {load_s:.1f} s ({job.key.model})")
+        progress.say(
+            f"model not loaded: {refused[:1500]}"
+            if refused
+            else f"model loaded in {load_s:.1f} s ({job.key.model})"
+        )
     monitor = JobMonitor(job, ctx, backend=backend)
     with phase_clock.during(JobPhase.LOAD):  # the parameter count
         scenario = InferenceScenario(job, ctx, backend, prompts, monitor)
     monitor.start(backend.synchronize)
     return backend, load_s, monitor, scenario
+
+
+def _refused_before_load(job: LaunchedJob, ctx: dist.RankContext) -> str:
+    """Why the job's GPU setting cannot be in effect on some rank's GPUs, agreed across ranks
+    before the model loads (the launcher's record: refused, or not read back when set); empty
+    when it may be. Every point would then fail its settings check (Scenario.check_settings)
+    without a window, so the model is not loaded: on a GPU node that load is the GPUs' minutes.
+    Only under torchrun, where a rank's GPUs are its device's (an engine launched directly
+    names its GPUs once it has loaded)."""
+    if job.gpu is None or job.placement.launch_mode != "torchrun":
+        return ""
+    from energysweep.measure.monitor import refused_settings
+
+    mine = refused_settings(job, hw_nvml.gpu_uuids(ctx.device, ctx.local_rank))
+    problems = sorted({p for rank in dist.gather(mine) for p in rank})
+    if not problems:
+        return ""
+    return (
+        f"GPU setting ({job.gpu.label()}) is not in effect, so no point of this job can be "
+        f"measured: {'; '.join(problems)}"
+    )
 
 
 def _serving(job: LaunchedJob, ctx: dist.RankContext, prompts: list[str]):

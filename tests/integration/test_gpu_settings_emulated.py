@@ -219,13 +219,19 @@ def test_each_measure_log_says_what_the_job_did(sweep):
         lines = [x for x in text.splitlines() if " energysweep: " in x]
         assert text.startswith("measure job, attempt 1\n"), text[:300]
         assert any(re.search(r"energysweep: \d rank\(s\) up on cpu", x) for x in lines), log
-        assert any(re.search(r"model loaded in \d+\.\d s \(tiny-llama\)", x) for x in lines)
         windows = [x for x in lines if " rep " in x]
         assert len(windows) == 2  # one per window: 1 batch size x 2 repetitions x generate
         flagged = "generate: error: SettingNotApplied: GPU setting ("
         if any(flagged in x for x in windows):  # GPU 1 refused the clock: the reason is said
             assert all(flagged in x for x in windows), windows  # (any job on GPU 1)
+            # ... and, known before the load (the launcher's record), no model was loaded.
+            refused = "model not loaded: GPU setting ("
+            assert any(refused in x and "NVMLError_NotSupported" in x for x in lines), lines
+            assert not any("model loaded in" in x for x in lines), lines
+            # (Its load phase is the parameter count from config.json, as every job's.)
+            assert json.loads(log_job(sweep, log).read_text())["timing"]["model_load_s"] is None
             continue
+        assert any(re.search(r"model loaded in \d+\.\d s \(tiny-llama\)", x) for x in lines)
         assert any("batch size 1: warm-up done in " in x for x in lines), lines
         # Taken once, after the first warm-up (a refused point never gets there).
         idle = r"idle baseline: \d\.\d\d s, GPU power GPU-\S+ \d+\.\d W \(rank 0's GPUs\)"
@@ -235,6 +241,12 @@ def test_each_measure_log_says_what_the_job_did(sweep):
         for x in windows:
             assert re.search(done + rf"GPU energy \d+\.\d J over {gpus}$", x), x
         assert len(lines) <= 8, lines  # a handful per job, not one per iteration
+
+
+def log_job(sweep, log):
+    """The job.json path of a measure job's rule log (logs/measure/<job>.log)."""
+    rel = log.relative_to(sweep / "logs" / "measure").with_suffix("")
+    return sweep / "results" / "shards" / rel / "job.json"
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

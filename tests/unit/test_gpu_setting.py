@@ -215,6 +215,7 @@ def test_guard_without_nvml_records_why(fake_nvml, tmp_path):
         assert record.error.startswith("NVML unavailable: NVMLError_LibraryNotFound")
     probe = SettingsProbe(request, [], environ=env)
     assert probe.problems() == [record.error]
+    assert probe.refused() == [record.error]  # known before the model loads (energysweep.run)
 
 
 # --------------------------------------------------------------------------- the ranks' probe
@@ -241,6 +242,8 @@ def test_probe_reads_back_around_windows_and_flags_a_change(fake_nvml, tmp_path)
     assert cols["gpu_default_power_limit_w"] == 700.0
     assert "enforced power limit 700 W, asked 300 W" in cols["gpu_setting_detail"]
     assert probe.problems() == [f"{gpus[0].uuid}: enforced power limit 700 W, asked 300 W"]
+    # A change during the job is no refusal in the launcher's record: the model still loads.
+    assert probe.refused() == []
     probe.close()
     ctx.__exit__(None, None, None)
 
@@ -251,6 +254,7 @@ def test_probe_turns_a_refusal_into_a_problem_and_flagged_columns(fake_nvml, tmp
     probe = SettingsProbe(req, [gpus[0].uuid], environ=env)
     (problem,) = probe.problems()
     assert "NVMLError_NoPermission" in problem
+    assert probe.refused() == [problem]  # the record says so: no model is loaded for the job
     cols = probe.point_columns()
     assert (cols["gpu_power_limit_status"], cols["gpu_clock_status"]) == ("refused", "unset")
     assert cols["gpu_power_limit_w"] == 700.0  # what it really ran at

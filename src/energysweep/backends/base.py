@@ -59,3 +59,27 @@ class Backend(ABC):
     def wrap_energy_source(self, source):
         """The energy source this backend's readings go through (default: ``source`` itself)."""
         return source
+
+
+class NotLoaded(Backend):
+    """The backend of a job whose every point is known to fail before its model loads (its GPU
+    setting was refused: energysweep.run): nothing is loaded, and nothing may be generated."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def encode(self, prompts: list[str]):
+        raise RuntimeError(f"the model was not loaded: {self.why}")
+
+    @staticmethod
+    def input_tokens(batch) -> int:
+        raise RuntimeError("the model was not loaded")
+
+    def generate(self, batch, max_new_tokens: int) -> list[list[int]] | None:
+        raise RuntimeError(f"the model was not loaded: {self.why}")
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -122,10 +122,7 @@ class SettingsProbe:
             if s is None:
                 problems.append(f"{uuid}: not in the job's GPU settings record")
                 continue
-            if gs.REFUSED in (s.power_limit_status, s.clock_status) or gs.NOT_APPLIED in (
-                s.power_limit_status,
-                s.clock_status,
-            ):
+            if _refused(s):
                 problems.append(f"{uuid}: {'; '.join(s.detail)}")
                 continue
             reading = now[uuid]
@@ -135,6 +132,21 @@ class SettingsProbe:
             power, clock = gs.mismatches(s, reading)
             problems += [f"{uuid}: {m}" for m in (power, clock) if m]
         return problems
+
+    def refused(self) -> list[str]:
+        """What the launcher's record already says cannot be in effect on this rank's GPUs (its
+        error, a setting refused or not read back when it was set); empty: nothing yet. A part
+        of :meth:`problems` that reads no GPU and never changes during the job: the job knows it
+        before its model loads."""
+        if not self.request or self.record is None:
+            return []
+        if self.record.error:
+            return [self.record.error]
+        return [
+            f"{uuid}: {'; '.join(s.detail)}"
+            for uuid in self.uuids
+            if (s := self._target(uuid)) is not None and _refused(s)
+        ]
 
     def columns(self, uuid: str | None, begin: dict | None, end: dict | None) -> dict:
         """The setting columns of a row for GPU ``uuid`` read back at a window's edges."""
@@ -213,3 +225,9 @@ class SettingsProbe:
         if self._session:
             nvml.shutdown()
             self._session = False
+
+
+def _refused(setting: gs.GpuSetting) -> bool:
+    """The launcher's record says a setting of this GPU was refused or did not read back."""
+    statuses = (setting.power_limit_status, setting.clock_status)
+    return gs.REFUSED in statuses or gs.NOT_APPLIED in statuses

@@ -48,6 +48,16 @@ def _steady(history: list[tuple[int, float]], now: float) -> bool:
     return abs(p1 - p2) <= max(SETTLE_MIN_W, SETTLE_TOLERANCE * (p1 + p2) / 2)
 
 
+def refused_settings(job: LaunchedJob, gpu_uuids: list[str]) -> list[str]:
+    """What the launcher's record says of the job's GPU setting on ``gpu_uuids`` that can never be
+    in effect (refused, or not read back when set: SettingsProbe.refused); empty: nothing."""
+    probe = SettingsProbe(job.gpu, gpu_uuids)
+    try:
+        return probe.refused()
+    finally:
+        probe.close()
+
+
 class JobMonitor:
     """Job-level measurement on one rank: sources, environment, power timeline, idle baseline.
 

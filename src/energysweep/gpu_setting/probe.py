@@ -68,11 +68,9 @@ class SettingsProbe:
             uuids: the rank's GPUs.
             environ: where :data:`RECORD_ENV` is looked up (default ``os.environ``).
         """
-        environ = os.environ if environ is None else environ
         self.request = gpu
         self.uuids = list(uuids)
-        path = environ.get(RECORD_ENV)
-        self.record = SettingsRecord.load(path) if path and gpu else None
+        self.record = launched_record(gpu, environ)
         self.launched = {g.uuid: g for g in (self.record.gpus if self.record else [])}
         self._session = False
         self._handles: dict[str, object] = {}
@@ -134,19 +132,8 @@ class SettingsProbe:
         return problems
 
     def refused(self) -> list[str]:
-        """What the launcher's record already says cannot be in effect on this rank's GPUs (its
-        error, a setting refused or not read back when it was set); empty: nothing yet. A part
-        of :meth:`problems` that reads no GPU and never changes during the job: the job knows it
-        before its model loads."""
-        if not self.request or self.record is None:
-            return []
-        if self.record.error:
-            return [self.record.error]
-        return [
-            f"{uuid}: {'; '.join(s.detail)}"
-            for uuid in self.uuids
-            if (s := self._target(uuid)) is not None and _refused(s)
-        ]
+        """:func:`refusals` of this probe's record and GPUs (empty where the job sets nothing)."""
+        return refusals(self.record, self.uuids) if self.request else []
 
     def columns(self, uuid: str | None, begin: dict | None, end: dict | None) -> dict:
         """The setting columns of a row for GPU ``uuid`` read back at a window's edges."""
@@ -225,6 +212,30 @@ class SettingsProbe:
         if self._session:
             nvml.shutdown()
             self._session = False
+
+
+def launched_record(gpu: GpuRequest | None, environ=None) -> SettingsRecord | None:
+    """The launcher's record of the job's setting (:data:`RECORD_ENV`), None where the job sets
+    nothing or no record is named."""
+    path = (os.environ if environ is None else environ).get(RECORD_ENV)
+    return SettingsRecord.load(path) if path and gpu else None
+
+
+def refusals(record: SettingsRecord | None, uuids: list[str]) -> list[str]:
+    """What the launcher's ``record`` already says cannot be in effect on GPUs ``uuids`` (its
+    error, a setting refused or not read back when it was set); empty: nothing yet. A part of
+    :meth:`SettingsProbe.problems` that reads no GPU and never changes during the job: a rank
+    knows it before its model loads (energysweep.run)."""
+    if record is None:
+        return []
+    if record.error:
+        return [record.error]
+    launched = {g.uuid: g for g in record.gpus}
+    return [
+        f"{uuid}: {'; '.join(s.detail)}"
+        for uuid in uuids
+        if (s := launched.get(uuid)) is not None and _refused(s)
+    ]
 
 
 def _refused(setting: gs.GpuSetting) -> bool:

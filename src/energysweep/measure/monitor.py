@@ -8,7 +8,7 @@ from collections.abc import Callable
 from energysweep import dist
 from energysweep.energy import GpuReading, make_source, ticks, wall_ns
 from energysweep.energy.node import NodeSource
-from energysweep.gpu_setting.probe import SettingsProbe
+from energysweep.gpu_setting.probe import SettingsProbe, launched_record, refusals
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure.gpu_processes import ProcessProbe
@@ -50,12 +50,9 @@ def _steady(history: list[tuple[int, float]], now: float) -> bool:
 
 def refused_settings(job: LaunchedJob, gpu_uuids: list[str]) -> list[str]:
     """What the launcher's record says of the job's GPU setting on ``gpu_uuids`` that can never be
-    in effect (refused, or not read back when set: SettingsProbe.refused); empty: nothing."""
-    probe = SettingsProbe(job.gpu, gpu_uuids)
-    try:
-        return probe.refused()
-    finally:
-        probe.close()
+    in effect (refused, or not read back when set: energysweep.gpu_setting.probe.refusals); empty:
+    nothing. Read from the record alone: no NVML session, no GPU read."""
+    return refusals(launched_record(job.gpu), gpu_uuids)
 
 
 class JobMonitor:

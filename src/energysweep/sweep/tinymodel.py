@@ -19,7 +19,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -267,8 +266,9 @@ def _store(tmp: Path, entry: Path) -> str | None:
         with atomic_path(entry, directory=True) as staged:
             hashes = {}
             for path in sorted(tmp.iterdir()):
-                shutil.copyfile(path, staged / path.name)
-                hashes[path.name] = _sha256(path.read_bytes())
+                data = path.read_bytes()
+                (staged / path.name).write_bytes(data)
+                hashes[path.name] = _sha256(data)
             (staged / MANIFEST).write_text(json.dumps(hashes, indent=2, sort_keys=True) + "\n")
     except OSError as exc:  # a read-only or full cache costs the next build, nothing else
         return str(exc)

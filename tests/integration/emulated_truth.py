@@ -104,6 +104,13 @@ SLURM_RANK_BIAS_S = 0.05  # one 2-node run: a GPU's median -32.7 ms (the same un
 SLURM_LONG_ERROR_PCT = 10.0  # one refresh of a 1 s window's power
 
 
+def slow_read_j(rows: pd.DataFrame) -> pd.Series:
+    """What each window's slowest edge read (or start extrapolation) can move its energy by (J):
+    that long at the GPU's power limit. The allowance of a window the verdict flags
+    edge_read_slow."""
+    return rows["gpu_edge_read_max_ms"].fillna(0) / 1e3 * rows["power_limit_w"]
+
+
 def error_s(rows: pd.DataFrame) -> pd.Series:
     """Signed error of each window in seconds of its own energy."""
     return (rows["gpu_energy_mj"] - rows["sensor_mj"]) / rows["sensor_mj"] * rows["window_s"]
@@ -130,7 +137,7 @@ def assert_matches_truth(
     uncertain_s = rows["gpu_edge_read_max_ms"].fillna(0) / 1e3
     flagged = uncertain_s > SLOW_READ_S
     error_j = (rows["gpu_energy_mj"] - rows["sensor_mj"]).abs() / 1e3
-    explained = error_j <= uncertain_s * rows["power_limit_w"] + worst_s * rows["window_w"]
+    explained = error_j <= slow_read_j(rows) + worst_s * rows["window_w"]
     assert explained[flagged].all(), rows.loc[flagged & ~explained, cols].to_dict("records")
     windows = rows.groupby(["job_id", "phase", "window_start_ns"]).ngroups
     flagged_windows = rows[flagged].groupby(["job_id", "phase", "window_start_ns"]).ngroups

@@ -15,7 +15,7 @@ import re
 import pandas as pd
 import pytest
 import yaml
-from emulated_truth import against_truth, assert_matches_truth
+from emulated_truth import against_truth, assert_matches_truth, slow_read_j
 
 from energysweep.hw.emulated.node import identity
 from energysweep.results import unexplained_nulls
@@ -79,7 +79,7 @@ def _true_point_power(wf) -> tuple[dict, dict]:
     power by (W): the longest read or extrapolation at the GPUs' power limits, over the window."""
     t = _true_windows(wf)
     t = t[t["phase"].eq("generate")]
-    t = t.assign(slow_j=t["gpu_edge_read_max_ms"].fillna(0) / 1e3 * t["power_limit_w"])
+    t = t.assign(slow_j=slow_read_j(t))
     per_window = t.groupby([*POINT, "repetition"]).agg(
         j=("truth_j", "sum"), s=("window_s", "first"), slow_j=("slow_j", "sum")
     )
@@ -136,7 +136,7 @@ def test_recheck_stages_and_report_carry_gpu_energy(emulated_run):
     # truth after a 253 ms extrapolation, which the verdict now flags).
     t = _true_windows(wf)
     t = t[t["pp"].eq(2)]
-    t = t.assign(slow_j=t["gpu_edge_read_max_ms"].fillna(0) / 1e3 * t["power_limit_w"])
+    t = t.assign(slow_j=slow_read_j(t))
     stage = ["scenario", "batch_size", "phase", "pp_rank"]
     per_rep = t.groupby([*stage, "repetition"])[["truth_j", "slow_j"]].sum()
     stage_truth = per_rep["truth_j"].groupby(level=stage).median()

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from energysweep.gpu_setting import control as gs
-from energysweep.gpu_setting.probe import SettingsProbe
+from energysweep.gpu_setting.probe import SettingsProbe, refusals
 from energysweep.gpu_setting.record import RECORD_ENV, SettingsRecord
 from energysweep.job.gpu_freq import ClockSyntaxError, nearest, parse_clock
 from energysweep.job.gpu_request import GpuRequest
@@ -215,7 +215,8 @@ def test_guard_without_nvml_records_why(fake_nvml, tmp_path):
         assert record.error.startswith("NVML unavailable: NVMLError_LibraryNotFound")
     probe = SettingsProbe(request, [], environ=env)
     assert probe.problems() == [record.error]
-    assert probe.refused() == [record.error]  # known before the model loads (energysweep.run)
+    # Known before the model loads (energysweep.run, through measure.monitor.refused_settings).
+    assert refusals(probe.record, probe.uuids) == [record.error]
 
 
 # --------------------------------------------------------------------------- the ranks' probe
@@ -243,7 +244,7 @@ def test_probe_reads_back_around_windows_and_flags_a_change(fake_nvml, tmp_path)
     assert "enforced power limit 700 W, asked 300 W" in cols["gpu_setting_detail"]
     assert probe.problems() == [f"{gpus[0].uuid}: enforced power limit 700 W, asked 300 W"]
     # A change during the job is no refusal in the launcher's record: the model still loads.
-    assert probe.refused() == []
+    assert refusals(probe.record, probe.uuids) == []
     probe.close()
     ctx.__exit__(None, None, None)
 
@@ -254,7 +255,8 @@ def test_probe_turns_a_refusal_into_a_problem_and_flagged_columns(fake_nvml, tmp
     probe = SettingsProbe(req, [gpus[0].uuid], environ=env)
     (problem,) = probe.problems()
     assert "NVMLError_NoPermission" in problem
-    assert probe.refused() == [problem]  # the record says so: no model is loaded for the job
+    # The record says so: no model is loaded for the job.
+    assert refusals(probe.record, probe.uuids) == [problem]
     cols = probe.point_columns()
     assert (cols["gpu_power_limit_status"], cols["gpu_clock_status"]) == ("refused", "unset")
     assert cols["gpu_power_limit_w"] == 700.0  # what it really ran at

@@ -131,10 +131,6 @@ class SettingsProbe:
             problems += [f"{uuid}: {m}" for m in (power, clock) if m]
         return problems
 
-    def refused(self) -> list[str]:
-        """:func:`refusals` of this probe's record and GPUs (empty where the job sets nothing)."""
-        return refusals(self.record, self.uuids) if self.request else []
-
     def columns(self, uuid: str | None, begin: dict | None, end: dict | None) -> dict:
         """The setting columns of a row for GPU ``uuid`` read back at a window's edges."""
         cols = dict(EMPTY)

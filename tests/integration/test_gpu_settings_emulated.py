@@ -20,6 +20,7 @@ import contextlib
 import json
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from jobspec import job_spec, limits
@@ -176,37 +177,58 @@ def test_the_ladder_is_filled_on_the_emulated_node(sweep):
     assert flagged["co2e_estimate_g_per_token"].isna().all()
 
 
+def _sample_power_w(truth: Truth, rows: pd.DataFrame) -> np.ndarray:
+    """The emulator's true power (W) at every activity sample inside the rows' windows (power
+    is constant between samples, so each is the energy step over its interval)."""
+    out = []
+    for uuid, g in rows.groupby("gpu_uuid"):
+        t, e = truth.series[uuid]
+        p = np.diff(e) / np.diff(t) * 1e6  # mJ/ns -> W
+        for a, b in zip(g["window_start_ns"], g["window_end_ns"], strict=True):
+            out.append(p[(t[:-1] >= a) & (t[1:] <= b)])
+    return np.concatenate(out)
+
+
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_true_power_follows_the_limit(sweep):
-    """The emulator's ground truth and what the measurement read: where the same clock ran
-    above the low limit under the high one, the low limit held it down, and the measurement saw
-    it lower too (figures printed for the record). That true power never exceeds the limit is
-    the emulator's own clamp, no check of ours; the windows' energy against the truth is
-    test_emulated_pipeline's."""
-    true, seen = {}, {}  # (limit, clock) -> true / measured mean power of each ok window, W
+    """The limit the launcher set is the one the emulated GPU ran under (the ground truth per
+    activity sample): under the high limit the rank's load drew more than the low limit at
+    some sample, under the low limit it was held at exactly the limit and never above.
+
+    The windows' mean power is compared where it clears the low limit by a tenth (beyond the
+    sensor's gain): it follows the rank's CPU share, which a loaded machine cuts. The project
+    CI on df905ac read 121-147 W under 500 W and 180-190 W under 200 W, the jobs run minutes
+    apart beside vLLM engines; every sample still shows the cap. That true power never
+    exceeds the limit is the emulator's own clamp, no check of ours; the windows' energy
+    against the truth is test_emulated_pipeline's."""
+    true, seen, peak = {}, {}, {}  # (limit, clock) -> per-window mean W, sample power W
     for job in sorted((sweep / "results" / "shards").glob("**/job.json")):
         rows = pd.read_parquet(job.with_name("shards.parquet"))
         rows = rows[rows["status"].eq("ok")].reset_index(drop=True)
         if rows.empty or rows["dp"].iloc[0] != 1:  # dp=2: flagged, nothing measured
             continue
-        truth = Truth.read(job.with_name("emulated")).windows(rows)
+        truth = Truth.read(job.with_name("emulated"))
         window_s = (rows["window_end_ns"] - rows["window_start_ns"]) / 1e9
-        limit, clock = float(rows["power_limit_w"].iloc[0]), rows["gpu_clock"].iloc[0]
-        true[limit, clock] = truth / 1e3 / window_s
-        seen[limit, clock] = rows["gpu_energy_mj"] / 1e3 / window_s
+        key = float(rows["power_limit_w"].iloc[0]), rows["gpu_clock"].iloc[0]
+        true[key] = truth.windows(rows) / 1e3 / window_s
+        seen[key] = rows["gpu_energy_mj"] / 1e3 / window_s
+        peak[key] = _sample_power_w(truth, rows)
         print(
-            f"limit {limit:g} W, clock {clock}: true mean power "
-            f"{true[limit, clock].min():.1f}-{true[limit, clock].max():.1f} W, "
-            f"measured median {seen[limit, clock].median():.1f} W"
+            f"limit {key[0]:g} W, clock {key[1]}: true mean power "
+            f"{true[key].min():.1f}-{true[key].max():.1f} W (samples up to "
+            f"{peak[key].max():.1f} W), measured median {seen[key].median():.1f} W"
         )
-    low, high = LIMITS
+    low, high = (float(w) for w in LIMITS)
     assert sorted(true) == sorted((float(w), c) for w in LIMITS for c in CLOCKS)
-    capped = [c for c in CLOCKS if true[float(high), c].median() > low]
-    assert capped, "no clock ran above the low limit: the cap was never exercised"
-    for c in capped:
-        assert true[float(low), c].median() < true[float(high), c].median()
-        # ... and the measurement saw it: the counter's windows follow the truth's order.
-        assert seen[float(low), c].median() < seen[float(high), c].median()
+    for c in CLOCKS:
+        # The load exceeded the low limit where nothing held it ...
+        assert peak[high, c].max() > low, "the cap was never exercised"
+        # ... and the low limit held it: samples at the limit, none above.
+        assert peak[low, c].max() == pytest.approx(low, abs=1e-3)
+        if true[high, c].median() > 1.1 * low:  # the means show it too
+            assert true[low, c].median() < true[high, c].median()
+            # ... and the measurement saw it: the counter's windows follow the truth's order.
+            assert seen[low, c].median() < seen[high, c].median()
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

@@ -6,6 +6,7 @@ this process reads the same GPU through its own emulated pynvml (the node's shar
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -141,3 +142,65 @@ def test_pid_activity_counts_only_cpu_spent_in_the_interval_as_the_set_changes()
         for proc in procs:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_pid_activity_keeps_one_file_per_live_thread_and_closes_the_rest():
+    """Each thread's schedstat stays open between samples (read in place), and is closed when
+    its process ends or leaves the set, and by close(): a sampler at 250 Hz over a server's
+    threads for a whole job must not leak one descriptor per sample or per ended thread."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    a, b = procs
+    try:
+        before = _open_fds()
+        current = [a.pid, b.pid]
+        act = emulated.PidActivity(lambda: current)
+        act.fraction(0, 0)
+        assert _open_fds() == before + 2  # one thread each
+        _burn(b, 2_000_000)
+        assert act.fraction(0, 10**9) > 0 and _open_fds() == before + 2  # the same files
+        a.kill()
+        a.wait(timeout=10)
+        act.fraction(0, 10**9)
+        assert _open_fds() == before + 1  # a's file closed with a
+        current[:] = []
+        act.fraction(0, 10**9)
+        assert _open_fds() == before  # b left the set
+        current[:] = [b.pid]
+        act.fraction(0, 10**9)
+        act.close()
+        assert _open_fds() == before
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_pid_activity_asks_for_its_processes_at_most_every_refresh():
+    """Finding a server's processes scans /proc: a callable is asked again only after
+    ``refresh_s``, while the processes it named are read every sample; 0 asks every time."""
+    asked = []
+
+    def pids():
+        asked.append(1)
+        return [os.getpid()]
+
+    slow = emulated.PidActivity(pids, refresh_s=3600)
+    for _ in range(5):
+        slow.fraction(0, 10**9)
+    sum(range(5_000_000))  # this process works ...
+    assert slow.fraction(0, 10**9) > 0 and len(asked) == 1  # ... and is still read
+    slow.close()
+    asked.clear()
+    every = emulated.PidActivity(pids)
+    for _ in range(5):
+        every.fraction(0, 10**9)
+    assert len(asked) == 5
+    every.close()

@@ -114,6 +114,10 @@ def module_from_env(real, environ=None):
     return make_module(real, lambda: node_from_env(environ), environ=environ)
 
 
+# How often an owner asks again which processes are its GPUs' load (PidActivity.refresh_s).
+PIDS_REFRESH_S = 0.1
+
+
 def attach(module, uuids: list[str], pids=None) -> Owner:
     """Make this process the owner of the emulated GPUs ``uuids`` and start sampling.
 
@@ -124,7 +128,7 @@ def attach(module, uuids: list[str], pids=None) -> Owner:
     node = module.emulated_driver.ensure_node()
     by_uuid = {g.uuid: g.index for g in node.gpus}
     indices = [by_uuid[u] for u in uuids]
-    activity = PidActivity(pids) if pids is not None else ProcessActivity()
+    activity = PidActivity(pids, PIDS_REFRESH_S) if pids is not None else ProcessActivity()
     return Owner(node, indices, activity).start()
 
 

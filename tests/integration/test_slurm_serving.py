@@ -3,11 +3,14 @@
 two batch caps (a server restart between them), tp=1. (A middle level, 4 in flight, carried no
 check of its own and is gone: issue 28's test time.) The client and its vLLM server run inside
 the job's allocation, the server's port comes from the Slurm job id, and nothing is left on the
-node afterwards."""
+node afterwards. bench/serving_overhead.py reports the finished sweep (``--results``)."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -16,7 +19,7 @@ from test_vllm_real import processes_in
 
 from energysweep.launch.ports import server_port
 
-from conftest import vllm_python, workflow_copy
+from conftest import ROOT, test_env, vllm_python, workflow_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -66,3 +69,17 @@ def test_a_serving_sweep_runs_its_servers_inside_the_slurm_allocation(slurm_clus
     assert sorted(knees["batch_size"]) == [2, 4]
     assert str(s[(s["load"] == "concurrency=1")]["sustainable"].iloc[0]) == "True"
     assert processes_in(wf) == []
+    # bench/serving_overhead.py's report on this sweep (its quick mode only plans one: a serving
+    # sweep of its own cost the suite a minute): each point's time outside its window.
+    bench = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "serving_overhead.py"), "--results", str(wf)],
+        env=test_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+    table = bench.stdout.strip().splitlines()
+    assert re.match(r"serving time outside windows / inside: \d+\.\d\d \(.* over 1 job\(s\)\)",
+                    table[-1]), table[-1]  # fmt: skip
+    points = [line.split() for line in table if re.match(r"\s+[24]\s+concurrency=", line)]
+    assert sorted((p[0], p[1]) for p in points) == [
+        (cap, f"concurrency={c}") for cap in ("2", "4") for c in (1, 32)
+    ]

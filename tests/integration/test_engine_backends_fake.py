@@ -48,6 +48,10 @@ CONFIG = {
     "scenarios": ["inference"],  # the engines have no training scenario
     "parallel": {"tp": [1, 2], "pp": [1], "dp": [1, 2], "max_gpus_per_job": 2},
     "workload": {"batch_sizes": [2], "repetitions": 1, "iterations": 1, "output_tokens": 5},
+    # One iteration per window: a fake engine's batch takes microseconds, so windows of the
+    # default 0.5 s held ~20,000 iterations and 200,000 request rows, gathered and written in a
+    # teardown of up to 4.9 s per job. Nothing here checks a window's length.
+    "measurement": {"min_window_s": 0, "idle_baseline_s": 0, "cooldown_s": 0, "sampler_hz": 0},
     "engine": {"max_model_len": 96},
     # The fake vllm package is on this interpreter's PYTHONPATH (set below), not in .venv-vllm.
     "environments": {"vllm": sys.executable},

@@ -45,6 +45,7 @@ from test_vllm_real import processes_in, tokens
 
 from energysweep.hw.emulated.profiles import PROFILES
 from energysweep.job.sections import Engine, load_section, schema_defaults
+from energysweep.scenarios.serving.probes import SERVER_COUNT_MAX_READ_S
 
 from conftest import shm_left_since, test_env, vllm_python, workflow_copy
 
@@ -178,18 +179,23 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
         assert (shards[col].notna() | status.str.contains(reason, regex=False)).all(), col
         assert shards.loc[shards["load"] == "rate=4", col].notna().all(), col
     assert (shards["request_errors"] == 0).all()
-    # The server's own count of the window's requests, read at the same edges: ours within a
-    # request (one ending within the /metrics read's delay of an edge falls either side); null,
-    # said so, where the server answered its /metrics more than 100 ms after an edge. Below
-    # overload, on every layout: one server's two windows both went uncounted under the two
-    # pytest sessions' load (CI run of 2026-11-28: it answered 224 and 463 ms after the edges).
+    # The server's own count of the window's requests, read at the same edges; null, said so,
+    # where the server answered its /metrics more than 100 ms after an edge. Below overload, on
+    # every layout: one server's two windows both went uncounted under the two pytest sessions'
+    # load (CI run of 2026-11-28: it answered 224 and 463 ms after the edges). Where read, ours
+    # differ by no more than the requests that ended within a read's delay of an edge (they fall
+    # either side), at least one: below overload that is a request; at overload the engine ends
+    # a batch of them at once (CI run 68: 34 counted by the server, 36 by us, at rate=256).
     every = all_shards(served["wf"])
     counted = every["server_requests_completed"].notna()
     said = every["serving_status"].str.contains("server-count-unavailable (", regex=False)
     assert counted.ne(said).all(), every["serving_status"]
     assert len(every[counted & (every["load"] == "rate=4")]) >= 1, every["serving_status"]
     read = every[counted]  # at overload too, where read
-    assert (read["server_requests_completed"] - read["requests"]).abs().max() <= 1, read
+    off = (read["server_requests_completed"] - read["requests"]).abs()
+    near = _ended_near_an_edge(served["wf"], read)
+    print(read.assign(off=off, near=near)[["dp", "load", "requests", "off", "near"]].to_string())
+    assert (off <= near.clip(lower=1)).all(), read.assign(off=off, near=near)
     req = pd.read_parquet(d / "requests.parquet")
     assert {"warmup", "ramp", "window"} <= set(req["request_phase"])
     assert set(req["metrics_status"]) <= {"measured", "cancelled"}  # nothing failed
@@ -281,6 +287,23 @@ def test_a_server_that_cannot_load_its_model_fails_at_once_with_the_engines_erro
     assert server.pids() == []
 
 
+def _ended_near_an_edge(wf: Path, windows: pd.DataFrame) -> pd.Series:
+    """Per window row: the requests of its layout that ended (client's clock) within
+    SERVER_COUNT_MAX_READ_S of one of its edges, either side: those the server's /metrics reads,
+    at most that long after an edge, may count in the other window."""
+    reach = int(SERVER_COUNT_MAX_READ_S * 1e9)
+    ends = {
+        lay: pd.read_parquet(wf / serving_dir(*lay) / "requests.parquet")["call_end_ns"].dropna()
+        for lay in LAYOUTS
+    }
+    near = []
+    for w in windows.itertuples():
+        end = ends[(w.tp, w.pp, w.dp)]
+        near.append(sum(int(end.between(e - reach, e + reach).sum())
+                        for e in (w.window_start_ns, w.window_end_ns)))  # fmt: skip
+    return pd.Series(near, index=windows.index)
+
+
 def truth_rows(wf: Path) -> pd.DataFrame:
     """Every serve window's GPU row with its true energy (emulated_truth.against_truth)."""
     rows = against_truth(wf)
@@ -316,8 +339,8 @@ def test_rates_and_the_servers_count_run_over_the_energy_window(served):
     assert np.allclose(shards["achieved_rate_rps"] * energy_s, shards["requests"], rtol=rel)
     assert np.allclose(shards["arrival_rate_rps"] * energy_s,
                        np.round(shards["arrival_rate_rps"] * energy_s), rtol=rel)  # fmt: skip
-    # The server's own count over the same edges: within a request of ours where read, else
-    # null, said so (test_windows_hold_the_steady_state_and_every_request_is_recorded).
+    # The server's own count over the same edges: within the requests that ended near an edge
+    # of ours where read, else null, said so (test_windows_hold_the_steady_state_and_every_...).
 
 
 @pytest.mark.timeout(1800)

@@ -176,13 +176,12 @@ reproduce: $(STAMP) $(VLLM_STAMP)
 # sessions run side by side: the Slurm tests (one real cluster at a time, in order; they mostly
 # wait on the scheduler) with the modules that hold no timing bound beside them (tests/conftest.py,
 # BESIDE_SLURM); the other integration tests; and the unit tests at the lowest CPU priority
-# (FILLER: a session and process group of their own, whose autogroup and processes are nice 19;
-# an interrupt stops the whole group), so they run on the cores the two others leave idle and
-# take none from them (plain `nice` does not do that where the kernel groups processes by
-# session: each job launcher's session would weigh as much as the niced one; measured with two
-# busy loops beside a third). The Slurm and unit sessions' output is printed when all are done;
-# the target fails if any does. A sweep two sessions read (the default sweep, local_run) runs
-# once, in the directory they share (tests/conftest.py, shared_sweep).
+# (FILLER: a session of its own whose autogroup and processes are nice 19), so they run on the
+# cores the two others leave idle and take none from them (plain `nice` does not do that where
+# the kernel groups processes by session: each job launcher's session would weigh as much as
+# the niced one). The Slurm and unit sessions' output is printed when all are done; the target
+# fails if any does. A sweep two sessions read (the default sweep, local_run) runs once, in the
+# directory they share (tests/conftest.py, shared_sweep).
 FILLER = setsid -w bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 "$$@"' filler
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
@@ -190,7 +189,7 @@ test:
 	shared=$$(mktemp -d -t energysweep-test-shared.XXXXXX); export ENERGYSWEEP_TEST_SHARED_DIR=$$shared; \
 	$(BIN)/python -m pytest -q --durations=25 -m "slurm or beside_slurm" >"$$log" 2>&1 & slurm_pid=$$!; \
 	$(FILLER) $(BIN)/python -m pytest -q --durations=10 tests/unit >"$$unit_log" 2>&1 & unit_pid=$$!; \
-	trap 'kill $$slurm_pid 2>/dev/null; kill -- -$$unit_pid 2>/dev/null; wait $$slurm_pid $$unit_pid; rm -rf "$$log" "$$unit_log" "$$shared"' INT TERM; \
+	trap 'kill $$slurm_pid $$unit_pid 2>/dev/null; wait $$slurm_pid $$unit_pid; rm -rf "$$log" "$$unit_log" "$$shared"' INT TERM; \
 	$(BIN)/python -m pytest -q --durations=25 -m "not slurm and not beside_slurm" tests/integration; rest=$$?; \
 	wait $$unit_pid; unit=$$?; wait $$slurm_pid; slurm=$$?; \
 	echo "=== Unit tests (pytest tests/unit at nice 19, run alongside the above) ==="; \

@@ -172,32 +172,24 @@ reproduce: $(STAMP) $(VLLM_STAMP)
 	$(NO_SLURM) $(BIN)/python -m energysweep.archive.reproduce "$(ARCHIVE)" --workflow $(CURDIR) --snakemake $(CURDIR)/$(SNAKEMAKE) $(REPRODUCE_ARGS)
 
 # The report test opens results/report.html in Debian's headless chromium. The two environments
-# and chromium are built side by side (mostly downloads and unpacking). Then three pytest
-# sessions run side by side: the Slurm tests (one real cluster at a time, in order; they mostly
-# wait on the scheduler) with the modules that hold no timing bound beside them (tests/conftest.py,
-# BESIDE_SLURM); the other integration tests; and the unit tests at the lowest CPU priority
-# (FILLER: a session of its own whose autogroup and processes are nice 19), so they run on the
-# cores the two others leave idle and take none from them (plain `nice` does not do that where
-# the kernel groups processes by session: each job launcher's session would weigh as much as
-# the niced one). The Slurm and unit sessions' output is printed when all are done; the target
-# fails if any does. A sweep two sessions read (the default sweep, local_run) runs once, in the
-# directory they share (tests/conftest.py, shared_sweep).
-FILLER = setsid -w bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 "$$@"' filler
+# and chromium are built side by side (mostly downloads and unpacking). Then two pytest sessions
+# run side by side: the Slurm tests (one real cluster at a time, in order; they mostly wait on
+# the scheduler) with the modules that hold no timing bound beside them (tests/conftest.py,
+# BESIDE_SLURM), and all the others. The Slurm session's output is printed when both are done;
+# the target fails if either does. A sweep both sessions read (the default sweep, local_run)
+# runs once, in the directory they share (tests/conftest.py, shared_sweep).
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
-	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); unit_log=$$(mktemp -t energysweep-unit-tests.XXXXXX); \
+	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); \
 	shared=$$(mktemp -d -t energysweep-test-shared.XXXXXX); export ENERGYSWEEP_TEST_SHARED_DIR=$$shared; \
 	$(BIN)/python -m pytest -q --durations=25 -m "slurm or beside_slurm" >"$$log" 2>&1 & slurm_pid=$$!; \
-	$(FILLER) $(BIN)/python -m pytest -q --durations=10 tests/unit >"$$unit_log" 2>&1 & unit_pid=$$!; \
-	trap 'kill $$slurm_pid $$unit_pid 2>/dev/null; wait $$slurm_pid $$unit_pid; rm -rf "$$log" "$$unit_log" "$$shared"' INT TERM; \
-	$(BIN)/python -m pytest -q --durations=25 -m "not slurm and not beside_slurm" tests/integration; rest=$$?; \
-	wait $$unit_pid; unit=$$?; wait $$slurm_pid; slurm=$$?; \
-	echo "=== Unit tests (pytest tests/unit at nice 19, run alongside the above) ==="; \
-	cat "$$unit_log"; \
+	trap 'kill $$slurm_pid 2>/dev/null; wait $$slurm_pid; rm -rf "$$log" "$$shared"' INT TERM; \
+	$(BIN)/python -m pytest -q --durations=25 -m "not slurm and not beside_slurm"; rest=$$?; \
+	wait $$slurm_pid; slurm=$$?; \
 	echo "=== Slurm tests and those beside them (pytest -m 'slurm or beside_slurm', run alongside the above) ==="; \
-	cat "$$log"; rm -rf "$$log" "$$unit_log" "$$shared"; \
-	echo "pytest -m 'not slurm and not beside_slurm' tests/integration: exit $$rest; tests/unit: exit $$unit; -m 'slurm or beside_slurm': exit $$slurm"; \
-	[ $$rest -eq 0 ] && [ $$unit -eq 0 ] && [ $$slurm -eq 0 ]
+	cat "$$log"; rm -rf "$$log" "$$shared"; \
+	echo "pytest -m 'not slurm and not beside_slurm': exit $$rest; -m 'slurm or beside_slurm': exit $$slurm"; \
+	[ $$rest -eq 0 ] && [ $$slurm -eq 0 ]
 
 # The inner loop (docs/development.md): the unit tests only, no Snakemake sweep, no cluster.
 test-quick: $(STAMP)

@@ -18,7 +18,7 @@ SESSION_DIR = Path(tempfile.mkdtemp(prefix="energysweep-tests-"))
 os.environ.setdefault("ENERGYSWEEP_GPU_CLAIMS_DIR", str(SESSION_DIR / "gpu-claims"))
 os.environ.setdefault("ENERGYSWEEP_EMULATED_PROCESSES_DIR", str(SESSION_DIR / "emulated-processes"))
 # The tiny-model cache of every sweep's build_tiny_model step (energysweep.sweep.tinymodel): one
-# per `make test` (its sessions' shared directory, below), never the user's ~/.cache. The first
+# per `make test` (both sessions' shared directory, below), never the user's ~/.cache. The first
 # sweep builds the checkpoint and keeps it; the others copy it (0.1 s instead of 4.6 s).
 os.environ.setdefault(
     "ENERGYSWEEP_MODEL_CACHE",
@@ -38,20 +38,19 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
     slurm_three_nodes,
 )
 
-# `make test` runs pytest sessions side by side (Makefile): the Slurm tests, which mostly wait
-# on the scheduler, with these modules beside them (-m "slurm or beside_slurm"), the other
-# integration tests, and the unit tests at the lowest CPU priority, on idle cores only
-# (Makefile, FILLER). These modules hold no timing bound (no emulated ground truth): the
-# emulated truth tests keep the contention they were calibrated under (a third session side by
-# side at the same priority made their window edges miss by up to 76 ms, issue 28's note).
-# The last two joined them to even the sessions out (issue 28: CI run 46 had 1557 s without the
-# Slurm tests, 1342 s with them). test_archive_reproduce.py and test_engine_backends_fake.py
-# went back when the unit tests left the other session for one of their own (Makefile, FILLER):
-# with the second still here, CI run 69's sessions took 1130 s and 1205 s (this one).
+# `make test` runs two pytest sessions side by side (Makefile): the Slurm tests, which mostly
+# wait on the scheduler, with these modules beside them (-m "slurm or beside_slurm"), and all
+# the others. These modules hold no timing bound (no emulated ground truth): the emulated
+# truth tests keep the contention they were calibrated under (a third session side by side made
+# their window edges miss by up to 76 ms, issue 28's note).
+# The last three joined them to even the two sessions out (issue 28: CI run 46 had 1557 s
+# without the Slurm tests, 1342 s with them).
 BESIDE_SLURM = {
     "test_bench_quick.py",
+    "test_engine_backends_fake.py",
     "test_training_parallel.py",
     "test_serving_fake.py",
+    "test_archive_reproduce.py",
 }
 
 
@@ -102,10 +101,9 @@ def local_sweep(
     return wf, cfg
 
 
-# `make test` runs its pytest sessions side by side (the Slurm tests, the other integration tests,
-# the unit tests) and gives them one directory, $ENERGYSWEEP_TEST_SHARED_DIR: a sweep two sessions
-# read runs once, in the session that needs it first, under a file lock; the other waits for it
-# (bounded) and reads it.
+# `make test` runs two pytest sessions side by side (the Slurm tests and the rest) and gives both
+# one directory, $ENERGYSWEEP_TEST_SHARED_DIR: a sweep both sessions read runs once, in the
+# session that needs it first, under a file lock; the other waits for it (bounded) and reads it.
 SHARED_DIR_ENV = "ENERGYSWEEP_TEST_SHARED_DIR"
 SHARED_WAIT_S = LOCAL_RUN_TIMEOUT_S + 300
 

@@ -109,9 +109,9 @@ def _burn(proc: subprocess.Popen, turns: int) -> None:
 
 def _until_blocked(pid: int) -> None:
     """Until the burner waits for its next line (state S): what it runs after its reply (back to
-    its read loop) is spent before a test reads its CPU time, never after (make test's unit
-    session runs at nice 19, where the burner could still be on its way when the test read it:
-    22 us more than the test's own reading, CI run 69)."""
+    its read loop) is spent before a test reads its CPU time, never after (on a loaded machine
+    the burner could still be on its way when the test read it: 22 us more than the test's own
+    reading in CI run 69, where the unit tests ran at nice 19)."""
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
         assert time.monotonic() < deadline, f"process {pid} never blocked on its input"

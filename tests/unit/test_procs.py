@@ -91,6 +91,36 @@ def test_stop_reaches_other_sessions_and_kills_after_grace(tmp_path, tree_script
 
 
 @pytest.mark.timeout(120)
+def test_stop_returns_only_when_a_killed_process_has_finished_exiting(tmp_path):
+    """A process that is exiting has released its memory (its environment, mark included, can no
+    longer be read) well before the kernel has finished with it: a rank holding 1 GiB is still
+    running its exit for tens of milliseconds. stop() waits until it is a zombie or gone."""
+    mark = uuid.uuid4().hex
+    pids_file = tmp_path / "pids.json"
+    rank = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "b = bytearray(1 << 30); print('ready', flush=True); time.sleep(600)"
+    )
+    launcher = textwrap.dedent(f"""
+        import json, os, subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", {rank!r}], start_new_session=True,
+                             stdout=subprocess.PIPE, text=True)
+        p.stdout.readline()
+        with open({str(pids_file)!r} + ".tmp", "w") as fh:
+            json.dump({{"rank": p.pid}}, fh)
+        os.replace({str(pids_file)!r} + ".tmp", {str(pids_file)!r})
+        time.sleep(600)
+    """)
+    with open(tmp_path / "log", "w") as log:
+        proc = procs.start([sys.executable, "-c", launcher], dict(os.environ), log, mark)
+        rank_pid = wait_for(pids_file)["rank"]
+        killed = procs.stop(proc, mark, grace_s=0.5, log=log)
+        state = procs._state(rank_pid)
+    assert killed == [rank_pid]
+    assert state in (None, "Z", "X"), f"stop() returned while the rank was still exiting ({state})"
+
+
+@pytest.mark.timeout(120)
 def test_launched_command_dies_with_the_measure_step(tmp_path, tree_script):
     """SIGKILL of the process that started the job (no handler runs): the kernel stops it."""
     mark = uuid.uuid4().hex

@@ -158,10 +158,13 @@ def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> 
     def running() -> bool:
         return proc is not None and proc.poll() is None
 
+    seen: dict[int, str | None] = {}  # pid: start time
+
     def alive() -> list[int]:
         pids = set(marked(mark))
         if proc is not None and proc.poll() is None:
             pids.add(proc.pid)
+        seen.update({pid: _started(pid) for pid in pids if pid not in seen})
         return sorted(pids)
 
     pids = alive()
@@ -190,11 +193,36 @@ def stop(proc: subprocess.Popen | None, mark: str, grace_s: float, log=None) -> 
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(5.0, grace_s))
-    # SIGKILL cannot be ignored; wait (bounded) until the kernel has removed them.
+    # SIGKILL cannot be ignored; wait (bounded) until the kernel has removed them. The mark alone
+    # cannot tell: a process that is exiting has released its memory, and its environment cannot
+    # be read (ESRCH), long before it is a zombie (270 ms for a 6 GB process; CI saw a test's
+    # process still exiting after marked() was empty).
     deadline = time.monotonic() + 10
-    while marked(mark) and time.monotonic() < deadline:
+    while (marked(mark) or _exiting(seen)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return killed
+
+
+def _exiting(seen: dict[int, str | None]) -> list[int]:
+    """Those of ``seen`` (pid: start time, :func:`_started`) the kernel has not yet made zombies
+    or removed; a pid now held by a process started at another time was reused."""
+    out = []
+    for pid, started in seen.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and fields[19] == started:
+            out.append(pid)
+    return out
+
+
+def _started(pid: int) -> str | None:
+    """When ``pid`` started (``/proc/PID/stat`` field 22, clock ticks since boot), None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except OSError:
+        return None
 
 
 def live_marks() -> set[str]:

@@ -64,7 +64,14 @@ WORST_ERROR_S = 0.025  # every window
 # for test_emulated_pipeline: there the start-edge mutation's rank medians (+2.7 / +3.2 ms in a
 # run of 2026-11-28) stay under RANK_BIAS_S and only its worst window (56.9 ms) fails it.
 HALF_REFRESH_S = 0.05
-RANK_BIAS_S = 0.0035  # |median signed error| of each rank's windows, and of each GPU's
+# |median signed error| of each rank's windows, and of each GPU's: a systematic offset of one
+# rank's edges. Not the start-edge mutation's canary here (above), and 3.5 ms was the noise's
+# own size: CI run 72 (2026-11-29, the two sessions of `make test` starting at once) had rank 1's
+# median +3.80 ms, its jobs' rank medians +0.6 to +5.8 ms, no window past 14.6 ms. At 8 ms it
+# fails an offset the worst-window bound lets through (that run's windows with rank 1's energy
+# 10 ms higher: every window within 25 ms, rank 1's median 13.8 ms) and every mutation above
+# that moves one rank's edges by a refresh.
+RANK_BIAS_S = 0.008
 LONG_WINDOW_S = 1.0
 LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # The Slurm tests' sweeps run on slurmd nodes in network namespaces, beside the other pytest

@@ -60,11 +60,8 @@ def descendants(root: int) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            fields = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X"):
+        fields = _stat(int(entry.name))
+        if fields is not None and fields[0] not in ("Z", "X"):
             children.setdefault(int(fields[1]), []).append(int(entry.name))
     out, todo = [], list(children.get(root, []))
     while todo:
@@ -111,12 +108,18 @@ def start(argv: list[str], env: dict, log, mark: str) -> subprocess.Popen:
     )
 
 
-def _state(pid: int) -> str | None:
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` from its third field (state) on; None if the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[0]  # the comm field may hold spaces and parentheses
+    return stat.rpartition(")")[2].split()  # the comm field may hold spaces and parentheses
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat(pid)
+    return None if fields is None else fields[0]
 
 
 def marked(mark: str) -> list[int]:
@@ -208,21 +211,16 @@ def _exiting(seen: dict[int, str | None]) -> list[int]:
     or removed; a pid now held by a process started at another time was reused."""
     out = []
     for pid, started in seen.items():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X") and fields[19] == started:
+        fields = _stat(pid)
+        if fields is not None and fields[0] not in ("Z", "X") and fields[19] == started:
             out.append(pid)
     return out
 
 
 def _started(pid: int) -> str | None:
     """When ``pid`` started (``/proc/PID/stat`` field 22, clock ticks since boot), None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except OSError:
-        return None
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
 
 
 def live_marks() -> set[str]:

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from emulated_truth import against_truth
+from emulated_truth import against_truth, error_s, unflagged
 from test_vllm_real import CONFIG as OFFLINE
 from test_vllm_real import processes_in, tokens
 
@@ -78,6 +78,20 @@ PROFILE = PROFILES["h100-sxm"]
 # refresh period of the change, at most a whole refresh (100 ms): with the Slurm session beside,
 # CI runs of 2026-11-28 saw worst windows of 44.6 and 53.0 ms (medians 6 and 18 ms), over the
 # 25 ms of the pipeline's windows and over half a refresh. An edge two refreshes off fails.
+# CI run of 2026-11-29 (the Slurm session beside): one GPU of the dp=2 window at 256 req/s was
+# 279 ms off (-5.4%), the other +70 ms; the test held every window to the bounds whatever the
+# source said of it (its flags were not printed). Two GPUs that draw the same power (one owner,
+# the server's processes) differ that much only by their own edge corrections: a slow read the
+# source flags, or one uncertainty it did not state: a first refresh after the end edge skipped
+# (a late poll) put the correction's span past a period, at the power of later refreshes while
+# the server went on serving. The NVML source now flags that span too (energy/nvml.py,
+# load_goes_on_after_end; tests/unit/test_energy_alignment.py), and a flagged window is held to
+# what its span explains, as the pipeline's are (emulated_truth.unflagged). The dp=2 windows
+# are the ones flagged here: their two engine cores busy-poll beside the server and the client
+# on 2 cores, and the client is descheduled for 20-130 ms now and then (a run alone: both dp=2
+# windows flagged, one a 29 ms read, one a 133 ms end span, each within what it explains): half
+# of the windows may be flagged, the dp=1 windows stay held to the bounds.
+SERVING_FLAGGED_SHARE = 1 / 2
 SERVING_MEDIAN_ERROR_S = 0.025
 SERVING_WORST_ERROR_S = PROFILE.counter_period_s
 # J/request of every point below the knee, against the truth / the server's own request count
@@ -347,9 +361,13 @@ def test_rates_and_the_servers_count_run_over_the_energy_window(served):
 def test_window_energy_and_joules_per_request_match_the_ground_truth(served):
     rows = truth_rows(served["wf"])
     assert len(rows) == 2 * (1 + 2)  # every window's GPUs
-    error_s = (rows["gpu_energy_mj"] - rows["truth_mj"]).abs() / rows["truth_mj"] * rows["window_s"]
-    print(rows[["dp", "load", "window_s", "error_pct"]].assign(error_ms=1e3 * error_s))
-    assert error_s.median() <= SERVING_MEDIAN_ERROR_S and error_s.max() <= SERVING_WORST_ERROR_S
+    rows = rows.assign(error_s=error_s(rows))
+    shown = ["dp", "load", "gpu_index", "window_s", "error_pct", "error_s",
+             "gpu_edge_read_max_ms", "gpu_energy_detail"]  # fmt: skip
+    print(rows[shown].to_string())
+    # A window flagged edge_read_slow is held to what its slow read explains (above).
+    held = unflagged(rows, SERVING_WORST_ERROR_S, SERVING_FLAGGED_SHARE)["error_s"].abs()
+    assert held.median() <= SERVING_MEDIAN_ERROR_S and held.max() <= SERVING_WORST_ERROR_S
     # J/request of each point: the window's true joules (summed over the job's GPUs) per request
     # the *server* says it completed in the window (its own counter, read at the edges): a window
     # whose requests and energy ran over different edges, or a count of our own that missed

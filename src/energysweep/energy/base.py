@@ -79,6 +79,11 @@ class EnergySource(ABC, Generic[ReadingT]):
     def end(self) -> ReadingT:
         """Read the counters at the window's end edge; the window's reading."""
 
+    def load_goes_on_after_end(self) -> None:
+        """Says that the load goes on after each end edge until :meth:`end` returns (a server
+        serves until the edge's counters are read): an end correction over more than a counter
+        period is then a guess (the NVML source flags it). Default: nothing to change."""
+
     def close(self) -> None:
         """Release the library handle (idempotent)."""
 

@@ -41,6 +41,9 @@ class CrossCheckSource(EnergySource[list[GpuReading]]):
             r.source = self.name
         return readings
 
+    def load_goes_on_after_end(self) -> None:
+        self.primary.load_goes_on_after_end()
+
     def close(self) -> None:
         self.zeus.close()
         self.primary.close()

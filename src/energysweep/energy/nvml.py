@@ -89,6 +89,8 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         self._stop_tracking = threading.Event()
         self._tracking_error: BaseException | None = None
         self._missed_s = [0.0] * len(gpu_uuids)  # per GPU: extrapolated past a missed refresh
+        self._missed_end_s = [0.0] * len(gpu_uuids)  # the same at the end edge (back in time)
+        self._load_after_end = False  # load_goes_on_after_end(): the end span can be a guess
         self._start_ns: int | None = None
         # Per GPU the slowest counter read behind this window's aligned edges, s (energy/ticks).
         self._edge_s = [0.0] * len(self._gpus)
@@ -213,13 +215,26 @@ class NvmlSource(EnergySource[list[GpuReading]]):
             out.append(span if span > (t2 - t1) + ticks.SLOW_READ_S else 0.0)
         return out
 
+    def load_goes_on_after_end(self) -> None:
+        self._load_after_end = True
+
     def _end_values(self, t_end: float) -> tuple[list[float], list[int]]:
         """Each GPU's counter at the end edge: at its first refresh after it, less the idle
         energy from the edge to that refresh (the second refresh gives the idle power); never
-        below the counter read at the edge (which holds less than the window's energy)."""
+        below the counter read at the edge (which holds less than the window's energy).
+
+        Where the watch skipped the first refresh after the edge (seen through a slow read or a
+        late poll, energy/ticks.py), the refresh it used is more than a period after the edge.
+        After a window whose load stops at the edge the power there is the idle GPU's, and the
+        correction holds however long its span (tests/unit/test_energy_alignment.py). Where the
+        load goes on (:meth:`load_goes_on_after_end`: a server serves until these counters are
+        read) its power over all of that span is taken from the refreshes after it, a guess:
+        the span is then the edge's uncertainty (``edge_read_ms``, the verdict's
+        edge_read_slow), as a start value extrapolated past a missed refresh is."""
         watch = self._watch(2)
         at_edge, seen = watch.first, watch.seen
         self._edge_s = [max(a, b) for a, b in zip(self._edge_s, watch.slowest, strict=True)]
+        self._missed_end_s = [0.0] * len(seen)
         now = self._read() if any(len(s) < 2 for s in seen) else []
         out = []
         for i, (g, s) in enumerate(zip(self._gpus, seen, strict=True)):
@@ -234,7 +249,10 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     "window (driver reload?); the window is not usable"
                 )
             idle_mw = (v2 - v1) / (t2 - t1)
-            out.append(max(float(at_edge[i]), v1 - idle_mw * max(0.0, t1 - t_end)))
+            span = t1 - t_end
+            if self._load_after_end and span > (t2 - t1) + ticks.SLOW_READ_S:
+                self._missed_end_s[i] = span
+            out.append(max(float(at_edge[i]), v1 - idle_mw * max(0.0, span)))
         return out, at_edge
 
     def end(self) -> list[GpuReading]:
@@ -242,6 +260,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
             raise RuntimeError("end() without begin()")
         t_end, duration = self._clock(), wall_ns() - self._start_ns
         stop, at_edge = self._end_values(t_end)
+        self._edge_s = [max(e, m) for e, m in zip(self._edge_s, self._missed_end_s, strict=True)]
         readings = []
         for i, (g, a, b) in enumerate(zip(self._gpus, self._start, stop, strict=True)):
             if at_edge[i] < self._raw_start[i]:
@@ -262,11 +281,15 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                 )
             r.edge_read_ms = self._edge_s[i] * 1e3
             if self._edge_s[i] > ticks.SLOW_READ_S:
-                slow = (
-                    f"start value extrapolated {r.edge_read_ms:.1f} ms past a missed refresh"
-                    if self._missed_s[i] >= self._edge_s[i]
-                    else f"slow edge read: {r.edge_read_ms:.1f} ms"
-                )
+                if self._missed_s[i] >= self._edge_s[i]:
+                    slow = f"start value extrapolated {r.edge_read_ms:.1f} ms past a missed refresh"
+                elif self._missed_end_s[i] >= self._edge_s[i]:
+                    slow = (
+                        f"end value extrapolated {r.edge_read_ms:.1f} ms back past a skipped "
+                        "refresh"
+                    )
+                else:
+                    slow = f"slow edge read: {r.edge_read_ms:.1f} ms"
                 r.detail = "; ".join(filter(None, [r.detail, slow]))
             if i in self._unaligned:
                 r.detail = "; ".join(

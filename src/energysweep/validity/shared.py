@@ -37,8 +37,8 @@ REASONS = {
     "list at a window edge, or another job's window on the same GPU UUID at the same time)",
     "edge_read_slow": "an energy-counter read at a window edge took longer than "
     f"{SLOW_READ_FRACTION:g} x the counter period, even after retries; or the start value "
-    "extrapolated that long past a missed refresh, or a rank took its edges that much later "
-    "than the window's (late out of a barrier)",
+    "(in serving also the end value) extrapolated that long past a missed refresh, or a rank "
+    "took its edges that much later than the window's (late out of a barrier)",
 }
 ROW_COLUMNS = ["gpu_processes_status", "gpu_processes_foreign", "gpu_edge_read_max_ms"]
 # Summary columns -> the status columns that explain a null in them.

@@ -162,4 +162,5 @@ class ServedGpus:
 
     @staticmethod
     def wrap_energy_source(source):
+        source.load_goes_on_after_end()  # the load runs until the end edge's counters are read
         return source

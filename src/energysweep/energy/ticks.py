@@ -13,7 +13,9 @@ the physical limit of reading the counter at the edges. Aligning the edges remov
   and the idle GPU's energy since the end edge), and once more; the second refresh gives the
   idle GPU's power, which times the time from the end edge to the first refresh is subtracted.
 So both corrections are idle power over less than one period, and every GPU's energy covers the
-window's common edges, whatever the phase of its counter.
+window's common edges, whatever the phase of its counter. (A serving window's load goes on after
+its end edge: there the end correction is the load's power, and a span past a skipped refresh is
+flagged, energysweep.energy.nvml.)
 
 Cost: waiting for two refreshes at each edge, outside the window. Measured residual and cost:
 docs/emulated-node.md, "Accuracy".

@@ -104,7 +104,8 @@ gpu_edge_read_max_ms    float64 null slowest energy-counter read (between its br
                                      with any late wake-up of the poll before it) that fixed a
                                      counter refresh at this window's edges, in ms; or, if
                                      longer, how far the start value extrapolated past a
-                                     refresh it missed, or how much later than the window's
+                                     refresh it missed (in serving also the end value, back
+                                     past a refresh it skipped), or how much later than the window's
                                      the rank took its edges (late out of a barrier);
                                      above validity.counter_period_s / 4 the verdict says
                                      edge_read_slow; null where no counter read at aligned edges

@@ -7,7 +7,7 @@ snapshots the environment and starts the power sampler, and the job's scenario
 (:mod:`energysweep.scenarios`), for each batch size, warms up (the first time, then the idle
 baseline once the GPUs settled: ``JobMonitor.ensure_idle``) and measures
 ``repetitions`` windows (window rule: :mod:`energysweep.measure.window`); rank 0 combines the
-ranks' rows of each window (:func:`energysweep.aggregate.windows.combine_ranks`) and writes one
+ranks' rows of each window (:func:`energysweep.measure.combine.combine_ranks`) and writes one
 shard per repetition, and at the end all of them again as the job table (one file, what the
 merge reads), then generations.parquet, power.parquet and job.json. A failure at one batch size
 (OOM, error) is recorded as that point's status and the job goes on; a crash of the job fails it.
@@ -23,12 +23,12 @@ import time
 import traceback
 
 from energysweep import dist
-from energysweep.aggregate.windows import combine_ranks
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.backends import SERVING
 from energysweep.job.spec import LaunchedJob
 from energysweep.launch import procs
 from energysweep.measure import phase_clock, progress
+from energysweep.measure.combine import combine_ranks
 from energysweep.measure.monitor import JobMonitor
 from energysweep.scenarios.base import Scenario
 from energysweep.tables import io as tables_io

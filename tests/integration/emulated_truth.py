@@ -102,7 +102,7 @@ LONG_ERROR_PCT = 1.5  # every window of at least LONG_WINDOW_S
 # medians of -9.8 to -12.1 ms over two 1.5-1.8 s windows (within 17.5 ms each), not explained.
 # Read since (CI runs 42-43, 2026-11-28) as ranks late out of a barrier, taking their edges
 # after the window's: the window's end is now the earliest end too, and the late rank's rows
-# state their lateness (aggregate/windows.py combine_ranks; flagged rows below).
+# state their lateness (measure/combine.py combine_ranks; flagged rows below).
 # With the blocking barrier (CI run 41, 2026-11-28): the 2-node sweep's 28 windows within
 # 13.2 ms, GPU medians within 4.3 ms; the shared-node sweep's 48 within 29 ms, medians 2.4 ms.
 # One run: the bounds stay until more runs show where they hold.
@@ -142,7 +142,7 @@ def unflagged(rows: pd.DataFrame, worst_s: float, flagged_share: float) -> pd.Da
     each flagged one is off by no more than its slow read explains and that few are flagged."""
     # A window the verdict flags edge_read_slow (a slow read; a start value extrapolated past a
     # refresh the watch missed, energy/nvml.py; a rank late out of a barrier,
-    # aggregate/windows.py) is off by no more than that time at the GPU's power limit, and is
+    # measure/combine.py) is off by no more than that time at the GPU's power limit, and is
     # not held to the bounds; few windows are flagged (2026-11-28: one of 42 in a CI run, a
     # rank off the CPU ~225 ms; one of 42 alone, a 165 ms span past a missed refresh; in a
     # 2-node sweep one of 2, a rank 65 ms late out of the end barrier).

@@ -9,7 +9,7 @@ the production code of :mod:`energysweep.scenarios.training`, set up as ``run.ma
    losses), and tp rank 0 of each stage of replica 0 writes ``OUT/<layout>/params-pp<s>.pt``
    (full parameters by checkpoint name);
 2. with ``--measure``, one measured grid point (``TrainingScenario.point``) whose rows, merged
-   by ``aggregate.windows.combine_ranks``, rank 0 writes as a real shard
+   by ``measure.combine.combine_ranks``, rank 0 writes as a real shard
    ``OUT/<layout>/shard.parquet``.
 
 ``--mistake accelerate-no-cpu`` reproduces the silent single-process trap: it replaces
@@ -81,7 +81,7 @@ def main() -> int:
     parser.add_argument("--mistake", choices=["accelerate-no-cpu"])
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from energysweep.aggregate.windows import combine_ranks
+    from energysweep.measure.combine import combine_ranks
     from energysweep.measure.monitor import JobMonitor
     from energysweep.scenarios.prompts import load_prompts
 

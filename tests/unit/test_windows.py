@@ -10,12 +10,12 @@ import pytest
 from jobspec import launched_job, rank_context
 
 from energysweep import dist
-from energysweep.aggregate.windows import combine_ranks
 from energysweep.backends.base import Backend
 from energysweep.energy import nvml as es_nvml
 from energysweep.hw import nvml as hw_nvml
 from energysweep.job.spec import LaunchedJob
 from energysweep.measure import monitor as monitor_mod
+from energysweep.measure.combine import combine_ranks
 from energysweep.measure.monitor import JobMonitor
 from energysweep.measure.rows import count_parameters
 from energysweep.scenarios import base as base_mod

@@ -1,22 +1,14 @@
-"""How the ranks' rows of one window combine: the one home of the counting rule across ranks.
+"""How the ranks' rows of one window combine, in the merge: one row per measured window.
 
-Every rank reports a window with rows of its own (one per GPU it measured). They combine in two
-steps, both here:
-
-1. :func:`combine_ranks`, on rank 0 before the window's shard is written (energysweep.run): the
-   window's token counts are summed over ranks (only each replica's writer counts tokens, so the
-   sum is every replica's work), its edges are the earliest start and the earliest end over
-   ranks (every rank leaves a barrier when it completes: the first timestamp after it is the
-   edge, a later one is a rank descheduled after it), its requests are global batch x
-   iterations, and its FLOPs estimate follows from those. These window totals are stored in
-   every row of the shard. A rank late out of a barrier has its lateness in its rows'
-   ``gpu_edge_read_max_ms``.
-2. :func:`windows`, in the merge: one row per measured window. A window's GPU energy is the sum
-   over its *distinct* GPU UUIDs, so a GPU reported by two ranks counts once, and every node's GPUs
-   of a multi-node job are included. If any GPU of the window has no measured energy the window's
-   energy is null (never a partial sum). Host (RAPL) energy is summed over distinct hosts, each read
-   once by its local rank 0; CPU time over distinct processes. Idle-adjusted energy = gross - the
-   window's GPUs' idle power x window duration (``*_idle_adjusted_*``).
+The counting rule across ranks has two steps. The first runs on rank 0 before the window's shard
+is written: :func:`energysweep.measure.combine.combine_ranks` stores the window's totals (tokens
+summed over ranks, edges, requests, FLOPs) in every row of the shard. The second is
+:func:`windows` here: one row per measured window. A window's GPU energy is the sum over its
+*distinct* GPU UUIDs, so a GPU reported by two ranks counts once, and every node's GPUs of a
+multi-node job are included. If any GPU of the window has no measured energy the window's energy
+is null (never a partial sum). Host (RAPL) energy is summed over distinct hosts, each read once
+by its local rank 0; CPU time over distinct processes. Idle-adjusted energy = gross - the
+window's GPUs' idle power x window duration (``*_idle_adjusted_*``).
 """
 
 from __future__ import annotations
@@ -73,61 +65,6 @@ WINDOW_COLUMNS = [
     "code_version",
     *WINDOW_SERVING_COLUMNS,
 ]
-
-
-def _sum_or_none(values) -> int | None:
-    values = [v for v in values if v is not None]
-    return sum(values) if values else None
-
-
-def combine_ranks(rows_by_rank: list[list[dict]]) -> list[dict]:
-    """Every rank's rows of one repetition, with the window totals (step 1 of the module).
-
-    Per phase, over the ok rows: tokens summed over ranks, edges min/min, requests, and the FLOPs
-    estimate: 2 * parameters * (input + output tokens) for inference, 6 * parameters * tokens for
-    training (forward + backward), of the window (all GPUs).
-    """
-    rows = [r for rank_rows in rows_by_rank for r in rank_rows]
-    for phase in sorted({r["phase"] for r in rows}):
-        phase_rows = [r for r in rows if r["phase"] == phase]
-        ok = [r for r in phase_rows if r["status"] == Status.OK]
-        if not ok:
-            continue
-        per_rank = {r["rank"]: (r["input_tokens"], r["output_tokens"]) for r in ok}
-        tin = _sum_or_none(v[0] for v in per_rank.values())
-        tout = _sum_or_none(v[1] for v in per_rank.values())
-        params = ok[0]["model_parameters"]
-        flops = None
-        if params is not None and phase in (Phase.GENERATE, Phase.PREFILL):
-            flops = 2.0 * params * (tin + tout) if tin is not None and tout is not None else None
-        elif params is not None and phase == Phase.TRAIN and tin is not None:
-            flops = 6.0 * params * tin
-        update = {
-            "input_tokens": tin,
-            "output_tokens": tout,
-            "window_start_ns": min(r["window_start_ns"] for r in ok),
-            "window_end_ns": min(r["window_end_ns"] for r in ok),
-            "requests": ok[0]["global_batch_size"] * ok[0]["iterations"],
-            "flops_estimate": flops,
-        }
-        for r in ok:
-            _count_rank_lateness(r, update["window_start_ns"], update["window_end_ns"])
-        for r in phase_rows:
-            r.update(update)
-    return rows
-
-
-def _count_rank_lateness(row: dict, start_ns: int, end_ns: int) -> None:
-    """A rank that left a barrier after another (descheduled on a busy host) took its edge
-    late: its GPUs' energy starts after the window's start, or runs past its end, by that time.
-    Like a slow counter read, that leaves the row's energy uncertain by as much:
-    ``gpu_edge_read_max_ms`` holds the larger of the two, and above a quarter of the counter
-    period the verdict says ``edge_read_slow`` (energysweep.validity.shared). Rows with no
-    counter read at aligned edges stay null."""
-    if row.get("gpu_edge_read_max_ms") is None:
-        return
-    late_ms = ((row["window_start_ns"] - start_ns) + (row["window_end_ns"] - end_ns)) / 1e6
-    row["gpu_edge_read_max_ms"] = max(row["gpu_edge_read_max_ms"], late_ms)
 
 
 def _host_columns(energy: pd.DataFrame, gid: np.ndarray, n: int, ok: np.ndarray) -> dict:

@@ -54,7 +54,7 @@ def _short(uuid: str | None) -> str:
 
 def window_lines(rows: list[dict]) -> list[str]:
     """One line per window of one repetition's combined rows (every rank's, rank 0, after
-    energysweep.aggregate.windows.combine_ranks): duration, iterations, tokens, and the GPU
+    energysweep.measure.combine.combine_ranks): duration, iterations, tokens, and the GPU
     energy summed over the distinct GPUs measured (null with its status where any GPU has none);
     a failed point's line gives its status and error."""
     lines = []

@@ -11,8 +11,9 @@ taken right then; a thread of the GPU source watches the counters through the wa
 extrapolates from the latest refreshes, not from ones the slowest rank's wait left behind. The
 end edge reads after the next refreshes.
 
-How every rank's rows of a window are then combined (tokens, edges, energy) has one home:
-:mod:`energysweep.aggregate.windows`.
+How every rank's rows of a window are then combined: their totals (tokens, edges, requests) on
+rank 0, :mod:`energysweep.measure.combine`; their energy over distinct GPUs, hosts and processes
+in the merge, :mod:`energysweep.aggregate.windows`.
 """
 
 from __future__ import annotations

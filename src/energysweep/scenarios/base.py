@@ -51,7 +51,7 @@ class Scenario(ABC):
         prepare_what: what :meth:`prepare` does, as the job's log says it (progress lines).
         rows_final: True where one process's rows are already the window's (a serving client
             measures every GPU): rank 0 writes them as they are instead of combining ranks
-            (energysweep.aggregate.windows.combine_ranks).
+            (energysweep.measure.combine.combine_ranks).
     """
 
     name: str

@@ -83,7 +83,7 @@ class TrainingScenario(Scenario):
         w = self.measured(lambda _: trainer.step(), self.cfg.steps, self._sync)
         per_step_loss = trainer.take_losses()  # after the window: a collective + host sync
         # Per-rank counts are non-zero only on each replica's writer; combine_ranks
-        # (energysweep.aggregate.windows) sums them over ranks into the window total.
+        # (energysweep.measure.combine) sums them over ranks into the window total.
         steps = w["iterations"]
         tokens = bs * steps * self.cfg.seq_len if self.ctx.coords.is_writer else 0
         return {

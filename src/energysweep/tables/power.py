@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pandas as pd
+# pandas is imported where it is read (reason_names, load_power): every rank imports this module
+# for SCHEMA (energy/sampler.py), and pandas was 0.2 s of each rank's start-up (issue 30).
 
 SCHEMA = pa.schema(
     [
@@ -51,6 +56,8 @@ CLOCK_EVENT_REASONS = {
 
 def reason_names(mask) -> str:
     """``a,b`` names of the clock event reason bits set in ``mask`` ("" for none or null)."""
+    import pandas as pd
+
     if mask is None or (isinstance(mask, float) and np.isnan(mask)) or pd.isna(mask):
         return ""
     m = int(mask)
@@ -62,6 +69,7 @@ def load_power(paths: Sequence[str | Path]) -> pd.DataFrame:
 
     A GPU shared by two ranks is sampled by both; a sample is kept once per (job, GPU, time).
     """
+    import pandas as pd
     import pyarrow.parquet as pq
 
     cols = ["job_id", "gpu_uuid", "time_ns", "power_mw", "energy_counter_mj", "clock_event_reasons"]

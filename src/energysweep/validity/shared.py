@@ -15,7 +15,7 @@ median, 185 ms once under load), even after the source's retries: the refresh's 
 the edge correction, is uncertain by that much. So does a start value extrapolated that long
 past a refresh the source did not use (energysweep.energy.nvml), and a rank that took its edges
 that much later than the window's (late out of a barrier, descheduled on a busy host: its GPUs'
-energy starts late or runs past the end; energysweep.aggregate.windows.combine_ranks).
+energy starts late or runs past the end; energysweep.measure.combine.combine_ranks).
 
 Summary columns: ``gpu_shared_windows`` (ok windows of the point on a shared GPU),
 ``gpu_shared_detail``, ``gpu_process_check`` (ok, or why the process list could not be read),

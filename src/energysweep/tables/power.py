@@ -20,7 +20,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     import pandas as pd
 # pandas is imported where it is read (reason_names, load_power): every rank imports this module
-# for SCHEMA (energy/sampler.py), and pandas was 0.2 s of each rank's start-up (issue 30).
+# for SCHEMA (energy/sampler.py), and a rank that builds no table from rows then never imports
+# pandas (pyarrow's Table.from_pylist imports it: rank 0 does, for its shards).
 
 SCHEMA = pa.schema(
     [

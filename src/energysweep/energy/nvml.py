@@ -12,6 +12,7 @@ Facts this relies on (see the README's methodology section):
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -228,9 +229,14 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         After a window whose load stops at the edge the power there is the idle GPU's, and the
         correction holds however long its span (tests/unit/test_energy_alignment.py). Where the
         load goes on (:meth:`load_goes_on_after_end`: a server serves until these counters are
-        read) its power over all of that span is taken from the refreshes after it, a guess:
-        the span is then the edge's uncertainty (``edge_read_ms``, the verdict's
-        edge_read_slow), as a start value extrapolated past a missed refresh is."""
+        read) the power from the edge to that refresh is the mean power of the refresh period(s)
+        that hold both (the counter read at the edge to the refresh after it), not the power
+        after it: a server's power changes from one period to the next (serving windows of
+        tests/integration/test_serving_real.py, CI run 81: 365 W from the edge to the refresh,
+        88 W after it, 101 ms of the window's energy off with the power after, 8 ms with the
+        period's). Past a skipped refresh that mean is a guess: the span is then the edge's
+        uncertainty (``edge_read_ms``, the verdict's edge_read_slow), as a start value
+        extrapolated past a missed refresh is."""
         watch = self._watch(2)
         at_edge, seen = watch.first, watch.seen
         self._edge_s = [max(a, b) for a, b in zip(self._edge_s, watch.slowest, strict=True)]
@@ -248,11 +254,18 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     f"NVML energy counter of {g['uuid']} went from {v1} to {v2} mJ after a "
                     "window (driver reload?); the window is not usable"
                 )
-            idle_mw = (v2 - v1) / (t2 - t1)
+            period = t2 - t1
             span = t1 - t_end
-            if self._load_after_end and span > (t2 - t1) + ticks.SLOW_READ_S:
-                self._missed_end_s[i] = span
-            out.append(max(float(at_edge[i]), v1 - idle_mw * max(0.0, span)))
+            if self._load_after_end:
+                # The refresh at or before the edge (whose value the edge read holds) is a whole
+                # number of periods before t1: the span's power is the mean over them.
+                periods = max(1, math.ceil(span / period)) if period > 0 else 1
+                edge_mw = (v1 - at_edge[i]) / (periods * period) if period > 0 else 0.0
+                if span > period + ticks.SLOW_READ_S:
+                    self._missed_end_s[i] = span
+            else:
+                edge_mw = (v2 - v1) / period  # the idle GPU's power, after the load stopped
+            out.append(max(float(at_edge[i]), v1 - edge_mw * max(0.0, span)))
         return out, at_edge
 
     def end(self) -> list[GpuReading]:

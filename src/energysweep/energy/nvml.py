@@ -259,8 +259,8 @@ class NvmlSource(EnergySource[list[GpuReading]]):
             if self._load_after_end:
                 # The refresh at or before the edge (whose value the edge read holds) is a whole
                 # number of periods before t1: the span's power is the mean over them.
-                periods = max(1, math.ceil(span / period)) if period > 0 else 1
-                edge_mw = (v1 - at_edge[i]) / (periods * period) if period > 0 else 0.0
+                periods = max(1, math.ceil(span / period))
+                edge_mw = (v1 - at_edge[i]) / (periods * period)
                 if span > period + ticks.SLOW_READ_S:
                     self._missed_end_s[i] = span
             else:

@@ -165,18 +165,27 @@ def test_overload_is_flagged_and_never_reported_as_sustained(served):
     rates = summary(served["wf"])
     top = rates[rates["load"] == "rate=256"]
     assert len(top) == 2  # every layout
-    assert top["invalid_reasons"].str.contains("load_not_sustained").all(), top[
-        "load_sustained_min"
-    ]
-    assert (top["sustainable"].astype(str) == "False").all()
+    # The server fell behind (its queue grew); or the client, short of CPU on this 2-core
+    # machine, could not send the rate (run 84: 63 req/s at rate=256, which the server kept up
+    # with): then the point says so, and nothing of the server at that load.
+    reasons = top["invalid_reasons"].str.split(";")
+    not_sustained = reasons.map(lambda r: "load_not_sustained" in r)
+    not_offered = reasons.map(lambda r: "load_not_offered" in r)
+    assert (not_sustained | not_offered).all(), top[["load_sustained_min", "load_offered_min"]]
+    assert (top.loc[not_offered, "load_offered_min"] < 0.9).all()
+    assert (top["sustainable"].astype(str) != "True").all()
+    assert (top.loc[not_sustained, "sustainable"].astype(str) == "False").all()
     assert top["sustained_rate_rps"].isna().all() and top["achieved_rate_rps"].notna().all()
     assert (top["achieved_rate_rps"] < 0.9 * 256).all() and (top["requests_cancelled"] > 0).all()
     low = rates[(rates["load"] == "rate=4") & (rates["tp"] == 1) & (rates["dp"] == 1)].iloc[0]
     assert str(low["sustainable"]) == "True", low["knee_reason"]
     assert low["sustained_rate_rps"] == low["achieved_rate_rps"]
-    # Every series has exactly one knee, at or below the overload.
+    # Every series the server was pushed past has exactly one knee, at or below the overload.
     knees = rates[rates["knee"].astype(str) == "True"]
-    assert sorted(zip(knees["tp"], knees["dp"], strict=True)) == [(1, 1), (1, 2)]
+    lost = top[not_sustained]
+    assert sorted(zip(knees["tp"], knees["dp"], strict=True)) == sorted(
+        zip(lost["tp"], lost["dp"], strict=True)
+    ), rates[["tp", "dp", "load", "knee", "knee_reason"]]
 
 
 @pytest.mark.timeout(1800)

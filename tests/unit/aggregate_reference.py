@@ -166,6 +166,9 @@ def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
         "burstiness": float(g["burstiness"].iloc[0]),
         **{c: _median(ok[c].astype(float)) for c in SERVING_MEDIANS},
         "load_sustained_min": ok["load_sustained"].astype(float).min(),
+        "load_offered_min": (
+            (ok["arrival_rate_rps"] / ok["offered_load"]).where(ok["load_mode"] == "rate").min()
+        ),
         **{c: g[c].astype(float).sum(min_count=1) for c in SUMMED},
         "serving_status": statuses or "not-applicable (no serving load)",
     }

@@ -64,7 +64,7 @@ def test_serving_keys_have_type_description_and_default():
     from energysweep.sweep.config import SCHEMA_PATH
 
     schema = yaml.safe_load(Path(SCHEMA_PATH).read_text())["properties"]
-    for section, keys in (("serving", None), ("validity", ["min_load_sustained",
+    for section, keys in (("serving", None), ("validity", ["min_load_offered", "min_load_sustained",
                           "knee_min_throughput_fraction", "knee_max_ttft_growth"]),
                           ("limits", ["server_start_timeout_s", "request_timeout_s",
                                       "client_stall_timeout_s"])):  # fmt: skip

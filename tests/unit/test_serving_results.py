@@ -35,13 +35,13 @@ def serving_row(load: float, rep: int, sustained: float, errors: int = 0, **over
         load=f"rate={load:g}", load_mode="rate", offered_load=float(load), burstiness=1.0,
         repetition=rep, requests=40, iterations=40, input_tokens=400, output_tokens=640,
         requests_sent=60, request_errors=errors, requests_cancelled=0, requests_dropped=0,
-        arrival_rate_rps=float(load),
         achieved_rate_rps=20.0, achieved_concurrency=3.0, load_sustained=sustained,
         slo_met_requests=30, ramp_s=0.5, drain_s=0.2, queue_waiting_mean=0.0,
         queue_waiting_max=1.0, queue_time_mean_s=0.001, ttft_p50_s=0.01, ttft_p99_s=0.02,
         tpot_p50_s=0.002, tpot_p99_s=0.003, itl_p50_s=0.002, itl_p99_s=0.004, e2e_p50_s=0.05,
         e2e_p99_s=0.08, serving_status="ok", gpu_energy_mj=100_000.0 + 1000 * rep,
-        idle_gpu_power_w=10.0, idle_gpu_power_status="measured", **over,
+        idle_gpu_power_w=10.0, idle_gpu_power_status="measured",
+        **{"arrival_rate_rps": float(load), **over},
     )  # fmt: skip
 
 
@@ -127,6 +127,64 @@ def test_load_not_sustained_and_request_errors_invalidate_serving_points_only():
     assert "batch_not_full" not in codes["rate=2"]
     assert out.loc["rate=64", "knee"] is True and out.loc["batch", "knee"] is None
     assert unexplained_nulls(out.reset_index()) == []
+
+
+def _annotated(rows: list[dict]) -> pd.DataFrame:
+    merged = shards.to_table(rows).to_pandas()
+    s = aggregate.summarize(aggregate.windows(merged[aggregate.WINDOW_COLUMNS]))
+    from energysweep.validity import recheck
+    from energysweep.validity.verdict import ROW_COLUMNS
+
+    validation = recheck.recheck(merged[ROW_COLUMNS], pd.DataFrame(), {}, 0.0)
+    return annotate(s, merged, validation, _thresholds()).set_index("load")
+
+
+def test_a_rate_the_client_did_not_send_is_flagged_and_never_called_sustained():
+    """Run 84 (2-core machine): at rate=256 the client, short of CPU, sent 63 req/s; the server
+    kept up with those, so nothing said the point was not the load it is named for."""
+    # 2 s windows. rate=64: one repetition sent 16 req/s (32 of 128 expected arrivals).
+    rows = [serving_row(2, r, 1.0, arrival_rate_rps=1.0) for r in range(3)]  # 2 of 4: noise
+    rows += [serving_row(64, r, 1.0, arrival_rate_rps=[64.0, 16.0, 60.0][r]) for r in range(3)]
+    rows += [serving_row(128, r, 1.0, arrival_rate_rps=110.0) for r in range(3)]  # 86%: noise
+    out = _annotated(rows)
+    codes = out["invalid_reasons"].str.split(";")
+    assert out.loc["rate=64", "load_offered_min"] == pytest.approx(0.25)
+    assert out.loc["rate=2", "load_offered_min"] == pytest.approx(0.5)
+    assert "load_not_offered" in codes["rate=64"]
+    assert "load_not_offered" not in codes["rate=2"] and "load_not_offered" not in codes["rate=128"]
+    assert "load_not_sustained" not in codes["rate=64"]  # the server kept up with what it got
+    # Unknown to the knee: neither sustainable nor past it, and the walk goes on past it.
+    assert out.loc["rate=64", "sustainable"] is None and out.loc["rate=64", "past_knee"] is None
+    assert out.loc["rate=64", "knee"] is False
+    assert out.loc["rate=64", "knee_reason"].startswith("unknown: the client sent 25%")
+    assert math.isnan(out.loc["rate=64", "sustained_rate_rps"])
+    assert out.loc["rate=128", "sustainable"] is True
+    assert unexplained_nulls(out.reset_index()) == []
+
+
+@pytest.mark.parametrize(
+    "offered_min, window_s, flagged",
+    [
+        (0.5, 2.0, False),  # rate 2: 4 expected arrivals, 2 sent: within Poisson noise
+        (0.5, 20.0, False),  # 40 expected, 20 sent: 2.5 standard deviations below 0.9 x 40
+        (0.3, 20.0, True),  # 12 sent: 3.8 standard deviations below
+        (0.85, 2000.0, True),  # 4000 expected: 0.85 is short of 0.9 beyond any noise
+        (0.95, 2.0, False),
+        (float("nan"), 2.0, False),  # unknown, never failed
+    ],
+)
+def test_the_client_shortfall_allows_for_the_arrivals_randomness(offered_min, window_s, flagged):
+    assert bool(sv.not_offered(offered_min, 2.0, window_s, _thresholds())) is flagged
+
+
+def test_a_rate_the_client_did_not_send_still_breaks_a_series_that_the_server_lost():
+    frame = knee_frame([(2, 2, 0.01, 1.0, 0), (16, 8, 0.3, 0.5, 0), (64, 9, 0.3, 1.0, 0)])
+    frame["window_s"] = 4.0
+    frame["load_offered_min"] = [1.0, 0.3, 0.2]  # the server fell behind even the load it got
+    k = sv.knee(frame, _thresholds()).set_index("offered_load")
+    assert k.loc[16, "knee"] is True and k.loc[16, "sustainable"] is False
+    assert "the client sent 30% of the offered rate" in k.loc[16, "knee_reason"]
+    assert k.loc[64, "sustainable"] is False and k.loc[64, "past_knee"] is True
 
 
 def figure_frame(energy: bool = True) -> pd.DataFrame:

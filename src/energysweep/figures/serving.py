@@ -3,7 +3,8 @@ against latency under the SLO (scenario serving).
 
 One line per (backend, layout, batch cap), its points in order of offered load; one panel per
 load axis (request rates, concurrency levels). Points past the knee (``sustainable`` false in the
-summary, energysweep.validity.serving) are hollow, the knee itself is marked with a large cross,
+summary, energysweep.validity.serving), and those whose rate the client did not send (null), are
+hollow, the knee itself is marked with a large cross,
 and only sustainable points can be on the Pareto front: an overloaded point's throughput is never
 presented as sustained. Where GPU energy was not measured the energy axis falls back to host
 energy (RAPL), else to the server's CPU seconds per request, and says so.
@@ -84,7 +85,7 @@ def _legend_extra() -> list:
     return [
         (Line2D([], [], marker="X", color="red", linestyle="none"), "knee (first unsustainable)"),
         (Line2D([], [], marker="o", markerfacecolor="none", color="#555", linestyle="none"),
-         "past the knee: not sustained"),
+         "past the knee, or rate not sent: not sustained"),
     ]  # fmt: skip
 
 

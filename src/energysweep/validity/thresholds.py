@@ -27,6 +27,7 @@ class Thresholds:
     power_average_s: float
     min_batch_fill: float
     require_timeline: bool
+    min_load_offered: float
     min_load_sustained: float
     knee_min_throughput_fraction: float
     knee_max_ttft_growth: float

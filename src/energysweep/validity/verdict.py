@@ -325,8 +325,7 @@ def _verdict(
             skip.append("idle_unstable")
         if has_energy.iloc[i] and any_unchecked[i]:
             skip += ["counter_stuck", "throttled", "recheck_mismatch"]
-        if serving_unknown[i]:
-            skip.append("load_not_sustained")
+        skip += [k for k, unknown in serving_unknown.items() if unknown[i]]
         if has_energy.iloc[i]:
             skip += [k for k, unknown in shared[1].items() if unknown[i] and not fails[k][i]]
         unchecked.append(";".join(k for k in REASONS if k in skip))

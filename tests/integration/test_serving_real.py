@@ -419,6 +419,15 @@ def test_the_servers_load_drives_the_gpu(served):
     server's busy fraction, clipped at 1 per 4 ms sample): the client's own activity, or the
     rank's, would give another power."""
     rows = truth_rows(served["wf"])
+    # The emulated GPU samples its server from the client's process: where the client was too
+    # short of CPU to send its rate (load_not_offered; run 84: 63 req/s at rate=256), it was
+    # too short to sample the server (activity 0.16 under 1.9 busy cores). Such a point is
+    # flagged, and these windows are left out here; every other window is checked.
+    s = summary(served["wf"])
+    starved = s[s["invalid_reasons"].str.contains("load_not_offered")][["tp", "dp", "load"]]
+    rows = rows.merge(starved.assign(starved=True), on=["tp", "dp", "load"], how="left")
+    rows = rows[rows["starved"].isna()]
+    assert len(rows) >= 3, starved  # the low rate's windows at least
     power_w = rows["truth_mj"] / 1e3 / rows["window_s"]
     activity = (power_w - PROFILE.idle_w) / (PROFILE.busy_w - PROFILE.idle_w)
     server = rows["cpu_time_s"] / rows["window_s"]

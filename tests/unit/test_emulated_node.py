@@ -317,3 +317,40 @@ def test_a_refresh_shows_at_its_instant_whatever_the_owner_thread_does(tmp_path)
     t = truth.Truth.read(tmp_path)
     true = float(t.energy_mj(node.gpus[0].uuid, clock.at(1.0), clock.at(1.1)))
     assert seen - before == pytest.approx(true, abs=1)
+
+
+def test_a_reader_of_the_owners_process_samples_the_load_its_late_thread_has_not(tmp_path):
+    """Run 84: a serving client starved of CPU (its server took 1.9 cores of 2) runs its threads
+    in turns; its reads ran while the owner's thread waited, each held the last sampled power
+    (idle), and the server's load of the wait was lost: the GPU's truth showed 0.16 activity
+    under a fully busy server. A reader of the owner's own process now samples the load first."""
+    node, nvml, clock = make_node(tmp_path, counter_jitter_s=0.0)
+    h = _gpu0(node, nvml)
+    load = {"u": 0.0}
+    owner = Owner(node, [0], emulated.FunctionActivity(lambda t: load["u"]))
+    run_owner(owner, clock, 1.048, hz=250)  # idle up to ~1.048 s
+    owner.serve_readers()  # as start() does, with its thread (here: never) late from now on
+    load["u"] = 1.0  # the server got busy
+    for k in range(1, 5):  # the rank's power sampler, at 10 Hz while the owner's thread waits
+        clock.t = clock.at(1.048 + 0.1 * k)
+        nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+        nvml.nvmlDeviceGetPowerUsage(h)
+    owner.step(clock())  # the thread's late sample
+    owner.close()
+    t = truth.Truth.read(tmp_path)
+    busy_j = float(t.energy_mj(node.gpus[0].uuid, clock.at(1.2), clock.at(1.4))) / 1e3
+    assert busy_j == pytest.approx(700 * 0.2, rel=0.01)  # full activity: 700 W, not 70 W held
+
+
+def test_a_rank_owner_is_never_sampled_from_another_thread(tmp_path):
+    """A rank's own activity is its CPU time less its sampling thread's: only that thread can
+    sample it, so readers hold as before."""
+    node, _, _ = make_node(tmp_path)
+    owner = Owner(node, [0], emulated.ProcessActivity())
+    owner.serve_readers()
+    assert node.gpus[0].uuid not in emulated.node.LOCAL_STEPS
+    owner = Owner(node, [1], steady(1.0))
+    owner.serve_readers()
+    assert emulated.node.LOCAL_STEPS[node.gpus[1].uuid] == owner.step_for_reader
+    owner.close()
+    assert node.gpus[1].uuid not in emulated.node.LOCAL_STEPS

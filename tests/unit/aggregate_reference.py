@@ -169,6 +169,11 @@ def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
         "load_offered_min": (
             (ok["arrival_rate_rps"] / ok["offered_load"]).where(ok["load_mode"] == "rate").min()
         ),
+        "load_offered_tolerance": (
+            (3.0 / np.sqrt(ok["offered_load"] * ok["duration_s"]))
+            .where(ok["load_mode"] == "rate")
+            .max()
+        ),
         **{c: g[c].astype(float).sum(min_count=1) for c in SUMMED},
         "serving_status": statuses or "not-applicable (no serving load)",
     }

@@ -174,12 +174,17 @@ def test_a_rate_the_client_did_not_send_is_flagged_and_never_called_sustained():
     ],
 )
 def test_the_client_shortfall_allows_for_the_arrivals_randomness(offered_min, window_s, flagged):
-    assert bool(sv.not_offered(offered_min, 2.0, window_s, _thresholds())) is flagged
+    rows = [serving_row(2, 0, 1.0, arrival_rate_rps=2.0 * offered_min,
+                        window_end_ns=1_000_000_000 + int(window_s * 1e9))]  # fmt: skip
+    s = aggregate.summarize(aggregate.windows(shards.to_table(rows).to_pandas()))
+    tolerance = s["load_offered_tolerance"].iloc[0]
+    assert tolerance == pytest.approx(3 / math.sqrt(2.0 * window_s))  # rate 2 over the window
+    assert bool(sv.not_offered(offered_min, tolerance, _thresholds())) is flagged
 
 
 def test_a_rate_the_client_did_not_send_still_breaks_a_series_that_the_server_lost():
     frame = knee_frame([(2, 2, 0.01, 1.0, 0), (16, 8, 0.3, 0.5, 0), (64, 9, 0.3, 1.0, 0)])
-    frame["window_s"] = 4.0
+    frame["load_offered_tolerance"] = 3 / np.sqrt(frame["offered_load"] * 4.0)  # 4 s windows
     frame["load_offered_min"] = [1.0, 0.3, 0.2]  # the server fell behind even the load it got
     k = sv.knee(frame, _thresholds()).set_index("offered_load")
     assert k.loc[16, "knee"] is True and k.loc[16, "sustainable"] is False

@@ -13,8 +13,9 @@ Per window, from its first shard row (the serving columns are the window's, not 
 Per point: medians over its ok repetitions, except ``load_sustained_min`` (the worst repetition:
 a load is sustained only if every repetition sustained it), ``load_offered_min`` (at a request
 rate, the worst repetition's requests sent in the window per second / the offered rate: whether
-the client offered the load the point is named for; null at concurrency levels, a closed loop)
-and ``request_errors``,
+the client offered the load the point is named for; null at concurrency levels, a closed loop),
+``load_offered_tolerance`` (the arrivals' own randomness that check allows, 3 / sqrt(expected
+arrivals), of the shortest window: the widest) and ``request_errors``,
 ``requests_sent``, ``requests_cancelled``, ``requests_dropped`` (summed over every repetition);
 bootstrap CIs of J/request and J/total token, gross and idle-adjusted, of the idle-adjusted
 J/output token (the gross one's is every point's) and of achieved requests/s, as for the other
@@ -81,14 +82,19 @@ def point_columns(
     """Per point the serving figures (module docstring); NaN on other scenarios' points."""
     med = ok[_MEDIANS].astype(float).groupby(ok_gid).median().reindex(range(n))
     worst = ok["load_sustained"].astype(float).groupby(ok_gid).min().reindex(range(n))
-    sent = ok["arrival_rate_rps"].astype(float) / ok["offered_load"].astype(float)
-    offered_worst = sent.where(ok["load_mode"] == "rate").groupby(ok_gid).min().reindex(range(n))
+    rate = ok["load_mode"] == "rate"
+    offered = ok["offered_load"].astype(float)
+    sent = (ok["arrival_rate_rps"].astype(float) / offered).where(rate)
+    noise = (3.0 / np.sqrt(offered * ok["duration_s"].astype(float))).where(rate)
+    offered_worst = sent.groupby(ok_gid).min().reindex(range(n))
+    offered_noise = noise.groupby(ok_gid).max().reindex(range(n))
     out: dict = {
         "load_mode": rows.first(head["load_mode"]).tolist(),
         **{c: rows.first(values_of(head, c)).astype(float) for c in ("offered_load", "burstiness")},
         **{c: med[c].to_numpy() for c in _MEDIANS},
         "load_sustained_min": worst.to_numpy(),
         "load_offered_min": offered_worst.to_numpy(),
+        "load_offered_tolerance": offered_noise.to_numpy(),
         **{c: rows.sum_min_count_1(values_of(head, c)) for c in _SUMMED},
         "serving_status": _serving_status(head, rows),
     }
@@ -114,6 +120,7 @@ NULL_STATUS: dict[str, tuple[str, ...]] = {
     "burstiness": ("serving_status", "load_mode"),
     "load_sustained_min": ("serving_status", "status"),
     "load_offered_min": ("serving_status", "load_mode", "status"),
+    "load_offered_tolerance": ("serving_status", "load_mode", "status"),
     **{f"{m}_ci_{e}": ("ci_status", *_ENERGY) for m in _CI for e in ("low", "high")},
 }
 # Idle-adjusted: also null without an idle baseline; per output token: also on training points.

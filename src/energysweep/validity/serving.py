@@ -4,12 +4,12 @@ Checks (codes of ``invalid_reasons``):
 
 - ``load_not_offered``: at a request rate, in some repetition the client sent fewer than
   ``validity.min_load_offered`` x the offered rate inside the window, by more than the arrivals'
-  own randomness: ``load_offered_min`` < ``min_load_offered`` - 3 / sqrt(expected arrivals), the
-  expected arrivals being offered rate x the point's window (Poisson: their count's standard
-  deviation is sqrt(expected); vLLM's generator, which fixes the time of every 256 arrivals, is
-  tighter). A client short of CPU sends late, and the point is not the load it is named for
-  (seen on the 2-core machine: 63 req/s sent at ``rate=256``). Concurrency levels are a closed
-  loop: not applicable;
+  own randomness: ``load_offered_min`` < ``min_load_offered`` - ``load_offered_tolerance``, that
+  being 3 / sqrt(expected arrivals) of the point's shortest window, the expected arrivals its
+  offered rate x its length (Poisson: their count's standard deviation is sqrt(expected); vLLM's
+  generator, which fixes the time of every 256 arrivals, is tighter). A client short of CPU
+  sends late, and the point is not the load it is named for (seen on the 2-core machine: 63
+  req/s sent at ``rate=256``). Concurrency levels are a closed loop: not applicable;
 - ``load_not_sustained``: in some repetition the achieved load was below
   ``validity.min_load_sustained`` x the offered load (requests completed / sent per second inside
   the window at request rates; mean requests running in the engine / requests kept in flight at
@@ -67,12 +67,10 @@ def is_serving(s: pd.DataFrame) -> np.ndarray:
     )
 
 
-def not_offered(offered_min, offered_load, window_s, c: Thresholds):
+def not_offered(offered_min, tolerance, c: Thresholds):
     """Whether the client's worst repetition sent too few of the offered arrivals (module
     docstring, ``load_not_offered``); False where a figure is missing. Arrays or scalars."""
-    expected = np.asarray(offered_load, dtype=float) * np.asarray(window_s, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        floor = c.min_load_offered - 3.0 / np.sqrt(expected)
+    floor = c.min_load_offered - np.asarray(tolerance, dtype=float)
     return np.asarray(offered_min, dtype=float) < floor  # NaN compares False
 
 
@@ -81,14 +79,15 @@ def fails(s: pd.DataFrame, c: Thresholds) -> tuple[dict[str, np.ndarray], dict[s
     serving = is_serving(s)
     sustained = s["load_sustained_min"].to_numpy(dtype=float)
     offered = s["load_offered_min"].to_numpy(dtype=float)
+    tolerance = s["load_offered_tolerance"].to_numpy(dtype=float)
     rate = serving & (s["load_mode"] == "rate").to_numpy()
     unknown = {
-        "load_not_offered": rate & (np.isnan(offered) | ~(s["window_s"].to_numpy(float) > 0)),
+        "load_not_offered": rate & (np.isnan(offered) | np.isnan(tolerance)),
         "load_not_sustained": serving & np.isnan(sustained),
     }
     return (
         {
-            "load_not_offered": rate & not_offered(offered, s["offered_load"], s["window_s"], c),
+            "load_not_offered": rate & not_offered(offered, tolerance, c),
             "load_not_sustained": serving
             & ~unknown["load_not_sustained"]
             & ~(sustained >= c.min_load_sustained),
@@ -129,7 +128,7 @@ def _series(out: pd.DataFrame, series: pd.DataFrame, c: Thresholds) -> None:
             reasons.append(f"achieved {sustained:.0%} of the offered load")
         offered = row.get("load_offered_min")
         short = row["load_mode"] == "rate" and bool(
-            not_offered(offered, row["offered_load"], row.get("window_s"), c)
+            not_offered(offered, row.get("load_offered_tolerance"), c)
         )
         if short and not reasons and not past:
             # The server was never offered this load: nothing to say of it (module docstring).

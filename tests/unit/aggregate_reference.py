@@ -170,7 +170,14 @@ def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
             (ok["arrival_rate_rps"] / ok["offered_load"]).where(ok["load_mode"] == "rate").min()
         ),
         "load_offered_tolerance": (
-            (3.0 / np.sqrt(ok["offered_load"] * ok["duration_s"]))
+            (
+                3.0
+                / np.sqrt(
+                    ok["offered_load"]
+                    * ok["duration_s"]
+                    * ok["burstiness"].fillna(1.0).clip(upper=1.0)
+                )
+            )  # fmt: skip
             .where(ok["load_mode"] == "rate")
             .max()
         ),

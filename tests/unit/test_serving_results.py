@@ -28,21 +28,22 @@ def _thresholds() -> Thresholds:
     return Thresholds.from_config(schema_defaults("validity"))
 
 
-def serving_row(load: float, rep: int, sustained: float, errors: int = 0, **over) -> dict:
-    """A serving window's row of one GPU: 2 s, 40 requests, load ``rate=load``."""
-    return row(
+def serving_row(level: float, rep: int, sustained: float, errors: int = 0, **over) -> dict:
+    """A serving window's row of one GPU: 2 s, 40 requests, load ``rate=level`` (``over``
+    replaces any field)."""
+    fields = dict(
         scenario="serving", backend="vllm", launch_mode="server", phase="serve",
-        load=f"rate={load:g}", load_mode="rate", offered_load=float(load), burstiness=1.0,
+        load=f"rate={level:g}", load_mode="rate", offered_load=float(level), burstiness=1.0,
         repetition=rep, requests=40, iterations=40, input_tokens=400, output_tokens=640,
         requests_sent=60, request_errors=errors, requests_cancelled=0, requests_dropped=0,
-        achieved_rate_rps=20.0, achieved_concurrency=3.0, load_sustained=sustained,
-        slo_met_requests=30, ramp_s=0.5, drain_s=0.2, queue_waiting_mean=0.0,
-        queue_waiting_max=1.0, queue_time_mean_s=0.001, ttft_p50_s=0.01, ttft_p99_s=0.02,
-        tpot_p50_s=0.002, tpot_p99_s=0.003, itl_p50_s=0.002, itl_p99_s=0.004, e2e_p50_s=0.05,
-        e2e_p99_s=0.08, serving_status="ok", gpu_energy_mj=100_000.0 + 1000 * rep,
+        arrival_rate_rps=float(level), achieved_rate_rps=20.0, achieved_concurrency=3.0,
+        load_sustained=sustained, slo_met_requests=30, ramp_s=0.5, drain_s=0.2,
+        queue_waiting_mean=0.0, queue_waiting_max=1.0, queue_time_mean_s=0.001, ttft_p50_s=0.01,
+        ttft_p99_s=0.02, tpot_p50_s=0.002, tpot_p99_s=0.003, itl_p50_s=0.002, itl_p99_s=0.004,
+        e2e_p50_s=0.05, e2e_p99_s=0.08, serving_status="ok", gpu_energy_mj=100_000.0 + 1000 * rep,
         idle_gpu_power_w=10.0, idle_gpu_power_status="measured",
-        **{"arrival_rate_rps": float(load), **over},
     )  # fmt: skip
+    return row(**{**fields, **over})
 
 
 def test_serving_windows_and_points_carry_their_figures():
@@ -180,6 +181,17 @@ def test_the_client_shortfall_allows_for_the_arrivals_randomness(offered_min, wi
     tolerance = s["load_offered_tolerance"].iloc[0]
     assert tolerance == pytest.approx(3 / math.sqrt(2.0 * window_s))  # rate 2 over the window
     assert bool(sv.not_offered(offered_min, tolerance, _thresholds())) is flagged
+
+
+def test_bursty_arrivals_widen_the_tolerance_as_their_count_varies():
+    """Gamma arrivals of shape 0.25 vary 4 times as much as Poisson ones (count variance
+    expected / shape): 2 standard deviations, not 3."""
+    rows = [serving_row(8, 0, 1.0, burstiness=b, load=f"rate=8,burstiness={b:g}",
+                        arrival_rate_rps=4.0) for b in (0.25, 1.0, 4.0)]  # fmt: skip
+    s = aggregate.summarize(aggregate.windows(shards.to_table(rows).to_pandas()))
+    tol = s.set_index("burstiness")["load_offered_tolerance"]
+    assert tol[1.0] == pytest.approx(3 / math.sqrt(16)) and tol[4.0] == tol[1.0]  # 16 expected
+    assert tol[0.25] == pytest.approx(2 * tol[1.0])
 
 
 def test_a_rate_the_client_did_not_send_still_breaks_a_series_that_the_server_lost():

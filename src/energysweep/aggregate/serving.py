@@ -15,7 +15,7 @@ a load is sustained only if every repetition sustained it), ``load_offered_min``
 rate, the worst repetition's requests sent in the window per second / the offered rate: whether
 the client offered the load the point is named for; null at concurrency levels, a closed loop),
 ``load_offered_tolerance`` (the arrivals' own randomness that check allows, 3 / sqrt(expected
-arrivals), of the shortest window: the widest) and ``request_errors``,
+arrivals x min(1, burstiness)), of the shortest window: the widest) and ``request_errors``,
 ``requests_sent``, ``requests_cancelled``, ``requests_dropped`` (summed over every repetition);
 bootstrap CIs of J/request and J/total token, gross and idle-adjusted, of the idle-adjusted
 J/output token (the gross one's is every point's) and of achieved requests/s, as for the other
@@ -85,7 +85,9 @@ def point_columns(
     rate = ok["load_mode"] == "rate"
     offered = ok["offered_load"].astype(float)
     sent = (ok["arrival_rate_rps"].astype(float) / offered).where(rate)
-    noise = (3.0 / np.sqrt(offered * ok["duration_s"].astype(float))).where(rate)
+    # Gamma arrivals of shape k < 1 (bursty) vary as expected / k; k >= 1 less than Poisson.
+    shape = ok["burstiness"].astype(float).fillna(1.0).clip(upper=1.0)
+    noise = (3.0 / np.sqrt(offered * ok["duration_s"].astype(float) * shape)).where(rate)
     offered_worst = sent.groupby(ok_gid).min().reindex(range(n))
     offered_noise = noise.groupby(ok_gid).max().reindex(range(n))
     out: dict = {

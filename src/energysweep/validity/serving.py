@@ -7,9 +7,11 @@ Checks (codes of ``invalid_reasons``):
   own randomness: ``load_offered_min`` < ``min_load_offered`` - ``load_offered_tolerance``, that
   being 3 / sqrt(expected arrivals) of the point's shortest window, the expected arrivals its
   offered rate x its length (Poisson: their count's standard deviation is sqrt(expected); vLLM's
-  generator, which fixes the time of every 256 arrivals, is tighter). A client short of CPU
-  sends late, and the point is not the load it is named for (seen on the 2-core machine: 63
-  req/s sent at ``rate=256``). Concurrency levels are a closed loop: not applicable;
+  generator, which fixes the time of every 256 arrivals, is tighter; bursty gamma arrivals of
+  shape ``burstiness`` < 1 vary as expected / burstiness, and the tolerance widens so). A
+  client short of CPU sends late, and the point is not the load it is named for (seen on the
+  2-core machine: 63 req/s sent at ``rate=256``). Concurrency levels are a closed loop: not
+  applicable;
 - ``load_not_sustained``: in some repetition the achieved load was below
   ``validity.min_load_sustained`` x the offered load (requests completed / sent per second inside
   the window at request rates; mean requests running in the engine / requests kept in flight at

@@ -49,8 +49,8 @@ from energysweep.validity.thresholds import Thresholds
 
 SERVING_MODES = ("rate", "concurrency")
 REASONS = {
-    "load_not_offered": "the client sent < validity.min_load_offered x the offered rate "
-    "(beyond Poisson noise; serving)",
+    "load_not_offered": "the client sent < validity.min_load_offered x the offered rate, "
+    "beyond the arrivals' own randomness (serving)",
     "load_not_sustained": "achieved load < validity.min_load_sustained x offered (serving)",
     "request_errors": "a request of the point's load runs failed (serving)",
 }

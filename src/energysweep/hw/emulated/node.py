@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,12 +119,6 @@ class Node:
 
 # Seconds of samples each GPU's shared state keeps (older energy is read from fault anchors).
 HISTORY_S = 600.0
-# GPU UUID -> the sampling step of its owner, where the owner is this process and its load can be
-# sampled from any thread (hw/emulated/owner.py): a reader past the newest sample runs it before
-# holding that sample's power. A rank starved of CPU runs its threads in turns, and its sampler
-# or edge reads may run while the owner's thread waits: a hold there would freeze the GPU at its
-# last sampled power for the whole wait, and the load of the wait would be lost.
-LOCAL_STEPS: dict[str, Callable[[], None]] = {}
 
 
 class GpuView:
@@ -175,17 +168,10 @@ class GpuView:
         return out
 
     def _hold_through(self, t_ns: int) -> None:
-        """A sample at ``t_ns`` holding the newest sample's power, if the samples end before
-        (and this process's owner, :data:`LOCAL_STEPS`, did not just sample past it)."""
+        """A sample at ``t_ns`` holding the newest sample's power, if the samples end before."""
         last = self.state.last()
         if last is None or last["t_ns"] >= t_ns:
             return
-        step = LOCAL_STEPS.get(self.ident.uuid)
-        if step is not None:
-            step()
-            last = self.state.last()
-            if last is None or last["t_ns"] >= t_ns:
-                return
         with self.state.lock():
             last = self.state.last()
             if last is None or last["t_ns"] >= t_ns:

@@ -24,7 +24,7 @@ import numpy as np
 
 import energysweep.hw.emulated.physics as physics
 import energysweep.hw.emulated.processes as processes
-from energysweep.hw.emulated.node import LOCAL_STEPS, Node
+from energysweep.hw.emulated.node import Node
 from energysweep.hw.emulated.state import pid_alive
 
 TRUTH_GLOB = "truth-gpu*.parquet"
@@ -32,8 +32,6 @@ TRUTH_GLOB = "truth-gpu*.parquet"
 
 class ProcessActivity:
     """CPU busy fraction of this process, less the CPU time of the thread that samples it."""
-
-    any_thread = False  # the sampling thread's own time is the calling thread's
 
     def __init__(self):
         self._last = None
@@ -65,8 +63,6 @@ class PidActivity:
     ``refresh_s`` later, and counts from its next sample as any newcomer; one that ends drops
     out at once (its threads can no longer be read).
     """
-
-    any_thread = True  # sampled from any thread of the owner (node.LOCAL_STEPS)
 
     def __init__(self, pids, refresh_s: float = 0.0):
         self.pids = pids  # a list, or a callable returning the current list
@@ -132,8 +128,6 @@ class PidActivity:
 class FunctionActivity:
     """A given load: ``fn(t_ns)`` -> busy fraction, taken at the middle of each sample
     interval (a pattern whose steps fall on sample instants is then followed exactly)."""
-
-    any_thread = True
 
     def __init__(self, fn):
         self.fn = fn
@@ -208,31 +202,11 @@ class Owner:
     def step(self, now_ns: int | None = None) -> None:
         """One sample: the activity since the last one sets every owned GPU's power."""
         with self._lock:
-            self._step(now_ns)
-
-    def _step(self, now_ns: int | None = None) -> None:
-        now = self.node.clock() if now_ns is None else now_ns
-        if now <= self._t:
-            return
-        u = self.activity.fraction(self._t, now)
-        self.advance(np.array([now], dtype=np.int64), np.array([u]))
-
-    def step_for_reader(self) -> None:
-        """:meth:`step`, for a reader of this process past the newest sample
-        (node.LOCAL_STEPS); nothing if a step is under way (the owner's thread, or this very
-        thread inside one: a counter fault's anchor is read while sampling)."""
-        if self._lock.acquire(blocking=False):
-            try:
-                self._step()
-            finally:
-                self._lock.release()
-
-    def serve_readers(self) -> None:
-        """Let this process's readers sample the load when they find the samples behind
-        (node.LOCAL_STEPS; only for an activity that any thread can sample)."""
-        if getattr(self.activity, "any_thread", False):
-            for v in self.views:
-                LOCAL_STEPS[v.ident.uuid] = self.step_for_reader
+            now = self.node.clock() if now_ns is None else now_ns
+            if now <= self._t:
+                return
+            u = self.activity.fraction(self._t, now)
+            self.advance(np.array([now], dtype=np.int64), np.array([u]))
 
     def advance(self, t_ns: np.ndarray, activity: np.ndarray) -> None:
         """Samples at times ``t_ns`` (increasing, after the last) with the activities over the
@@ -295,7 +269,6 @@ class Owner:
                 target=self._loop, name="emulated-gpu-owner", daemon=True
             )
             self._thread.start()
-            self.serve_readers()
         return self
 
     def _loop(self) -> None:
@@ -308,9 +281,6 @@ class Owner:
 
     def close(self) -> list[Path]:
         """Stop sampling (one last sample), release the GPUs, write the truth files."""
-        for v in self.views:
-            if LOCAL_STEPS.get(v.ident.uuid) == self.step_for_reader:
-                del LOCAL_STEPS[v.ident.uuid]
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=10)

@@ -158,6 +158,13 @@ def _serving_derived(w: pd.DataFrame) -> None:
     w["host_energy_per_request_j"] = (w["host_energy_j"] / w["requests"]).where(serving)
 
 
+def _offered_tolerance(ok: pd.DataFrame) -> float:
+    """3 / sqrt(expected arrivals x min(1, burstiness)) of the shortest rate window."""
+    shape = ok["burstiness"].fillna(1.0).clip(upper=1.0)
+    noise = 3.0 / np.sqrt(ok["offered_load"] * ok["duration_s"] * shape)
+    return noise.where(ok["load_mode"] == "rate").max()
+
+
 def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
     statuses = ",".join(sorted(set(g["serving_status"])))
     row = {
@@ -169,18 +176,7 @@ def _serving_point(g: pd.DataFrame, ok: pd.DataFrame) -> dict:
         "load_offered_min": (
             (ok["arrival_rate_rps"] / ok["offered_load"]).where(ok["load_mode"] == "rate").min()
         ),
-        "load_offered_tolerance": (
-            (
-                3.0
-                / np.sqrt(
-                    ok["offered_load"]
-                    * ok["duration_s"]
-                    * ok["burstiness"].fillna(1.0).clip(upper=1.0)
-                )
-            )  # fmt: skip
-            .where(ok["load_mode"] == "rate")
-            .max()
-        ),
+        "load_offered_tolerance": _offered_tolerance(ok),
         **{c: g[c].astype(float).sum(min_count=1) for c in SUMMED},
         "serving_status": statuses or "not-applicable (no serving load)",
     }

@@ -185,7 +185,7 @@ def test_the_client_shortfall_allows_for_the_arrivals_randomness(offered_min, wi
 
 def test_bursty_arrivals_widen_the_tolerance_as_their_count_varies():
     """Gamma arrivals of shape 0.25 vary 4 times as much as Poisson ones (count variance
-    expected / shape): 2 standard deviations, not 3."""
+    expected / shape): their tolerance doubles; a shape over 1 (steadier) keeps Poisson's."""
     rows = [serving_row(8, 0, 1.0, burstiness=b, load=f"rate=8,burstiness={b:g}",
                         arrival_rate_rps=4.0) for b in (0.25, 1.0, 4.0)]  # fmt: skip
     s = aggregate.summarize(aggregate.windows(shards.to_table(rows).to_pandas()))

@@ -244,6 +244,10 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     (server,) = record["timing"]["serving"]["servers"]
     assert server["start_s"] > 0 and server["stop_s"] > 0 and server["warmup_s"] > 0
     assert 0 < record["timing"]["window_fraction"] < 1
+    # The real vLLM server serves the wanted series alone at /metrics/ (probes.metrics_url): the
+    # window reads and the queue sampler took its filtered address.
+    url = server["metrics_url"]
+    assert "/metrics/?" in url and "name%5B%5D=vllm%3Arequest_success_total" in url, server
 
 
 @pytest.mark.timeout(1800)

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from energysweep.util.http import http_get
+
 from energysweep.scenarios.serving.load import (
     CONCURRENCY,
     RATE,
@@ -237,6 +239,71 @@ def test_the_servers_own_count_sums_finished_label_sets_and_says_why_it_is_missi
     count, why = server_count({**opened, "read_s": 0.01}, {**closed, "read_s": 0.4}, wanted)
     assert count is None and "400 ms after an edge" in why
     assert server_count({**opened, "read_s": 0.01}, {**closed, "read_s": 0.02}, wanted)[0] == 7
+
+
+def _metrics_server(filters: bool, slash: bool):
+    """A loopback /metrics server: Prometheus' client where ``filters`` (only the ``name[]``
+    series, also at ``/metrics/`` where ``slash``), else one that ignores the query."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    lines = ["# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0"} 2.0',
+             'vllm:num_requests_waiting{engine="0"} 1.0', "vllm:request_queue_time_seconds_sum 1.5",
+             "vllm:request_queue_time_seconds_count 3.0", "vllm:cache_usage 0.5",
+             'vllm:request_success_total{finished_reason="length"} 4.0']  # fmt: skip
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            url = urlsplit(self.path)
+            asked.append(self.path)
+            if url.path not in ("/metrics", "/metrics/") or (url.path == "/metrics/" and not slash):
+                self.send_response(404)
+                self.end_headers()
+                return
+            names = parse_qs(url.query).get("name[]") if filters else None
+            body = "\n".join(
+                ln for ln in lines
+                if names is None or ln.split("{")[0].split(" ")[0] in names  # fmt: skip
+            )
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, asked
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("filters", "slash", "takes_filtered"),
+    [(True, True, True), (False, True, False), (True, False, False)],
+    ids=["prometheus-client", "ignores-the-filter", "no-metrics-slash"],
+)
+def test_the_metrics_are_read_filtered_only_where_the_server_filters(filters, slash, takes_filtered):
+    from energysweep.scenarios.serving.probes import metrics_names, metrics_url
+
+    wanted = metrics_names("vllm")
+    httpd, asked = _metrics_server(filters, slash)
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        url = metrics_url(base, wanted)
+        status, text = http_get(url)
+    finally:
+        httpd.shutdown()
+    assert status == 200
+    got = parse_metrics(text, wanted)
+    # Every wanted series, whichever address: the filtered one only where it serves them all.
+    assert got == {"running": 2.0, "waiting": 1.0, "queue_time_sum": 1.5,
+                   "queue_time_count": 3.0, "requests_completed": 4.0}  # fmt: skip
+    assert (url != f"{base}/metrics") is takes_filtered, (url, asked)
+    assert ("vllm:cache_usage" in text) is not takes_filtered
+    if takes_filtered:
+        assert "name%5B%5D=vllm%3Arequest_success_total" in url  # the series, not its labels
 
 
 def test_queue_samples_are_summarised_over_the_window_only():

@@ -5,6 +5,7 @@
   its share (the server's processes live as long as the server);
 - :func:`parse_metrics`: the server's Prometheus ``/metrics`` text, each wanted series summed
   over its label sets (one per engine of a DP server);
+- :func:`metrics_url`: where to read it: only the wanted series, where the server filters;
 - :class:`QueueSamples`: /metrics gauges sampled during a load run (requests running in the
   engine, requests waiting in its queue), summarised over a window;
 - :func:`server_count`: the requests the server itself completed inside a window (its counter
@@ -21,8 +22,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from urllib.parse import urlencode
+
 from energysweep.energy.base import EnergySource
 from energysweep.job.backends import backend
+from energysweep.util.http import http_get
 
 
 def metrics_names(backend_name: str) -> dict[str, str] | None:
@@ -99,6 +103,33 @@ def parse_metrics(text: str, wanted: dict[str, str]) -> dict[str, float]:
             except ValueError:
                 continue
     return out
+
+
+def metrics_url(base_url: str, wanted: dict[str, str]) -> str:
+    """The address of the server's /metrics to read ``wanted`` from: only those series where it
+    serves them alone, else all of them.
+
+    Prometheus' Python client serves only the series named by ``name[]`` parameters (vLLM mounts
+    it at ``/metrics/``; its exact ``/metrics`` route ignores them). The full text of a vLLM
+    server is ~50 KB, 4 ms of its API server's CPU per read here (11-15 ms with four busy
+    processes beside it), the filtered one 0.6 ms (1.6-3 ms): every read during a window is the
+    server's work (its CPU time, its GPU's activity), and a read at an edge answers sooner. The
+    filtered address is taken where it gives every series the full one does, in less text (asked
+    once, at the server's start: a server that ignores the filter, or serves none at
+    ``/metrics/``, is read whole).
+    """
+    full = f"{base_url}/metrics"
+    names = sorted({_series(spec)[0] for spec in wanted.values()})
+    filtered = f"{base_url}/metrics/?{urlencode([('name[]', n) for n in names])}"
+    status, text = http_get(full, timeout_s=5)
+    if status != 200:
+        return full
+    fstatus, ftext = http_get(filtered, timeout_s=5)
+    if fstatus != 200 or len(ftext) >= len(text):
+        return full
+    if set(parse_metrics(ftext, wanted)) >= set(parse_metrics(text, wanted)):
+        return filtered
+    return full
 
 
 @dataclass

@@ -45,6 +45,7 @@ from energysweep.scenarios.serving.probes import (
     QueueSamples,
     ServerCpuTime,
     metrics_names,
+    metrics_url,
     parse_metrics,
     queue_time_mean_s,
     server_count,
@@ -94,6 +95,7 @@ class ServingScenario(Scenario):
         enc = tok(prompts, truncation=True, max_length=int(self.wl.max_input_tokens))
         self.token_prompts = [list(ids) for ids in enc["input_ids"]]
         self.server: RunningServer | None = None
+        self.metrics_url = ""  # the running server's (probes.metrics_url)
         self.server_cpu = ServerCpuTime(lambda: self.server.pids() if self.server else [])
         self.timing: dict = {"servers": [], "load_runs": []}
         self.request_rows: list[dict] = []
@@ -148,9 +150,12 @@ class ServingScenario(Scenario):
             self.stop_server()  # whatever of it runs; its whole log goes into the rule's log
             raise
         self.watchdog.arm()
+        wanted = metrics_names(self.backend_name)
+        self.metrics_url = metrics_url(server.base_url, wanted) if wanted else ""
         self.timing["servers"].append({
             "batch_cap": cap, "port": server.port, "argv": server.argv, "pid": server.proc.pid,
             "start_s": start_s, "pids": server.pids(), "gpu_pids": server.gpu_pids(),
+            "metrics_url": self.metrics_url or None,
             **server.placement_record(),
         })  # fmt: skip
         print(f"serving: server healthy after {start_s:.1f} s (pids {server.pids()})", flush=True)
@@ -225,12 +230,11 @@ class ServingScenario(Scenario):
     def measure_load(self, cap: int, rep: int, point: LoadPoint) -> list[dict]:
         """One load run at ``point``: its window's rows (one per GPU reading)."""
         wanted = metrics_names(self.backend_name)
-        metrics_url = f"{self.live.base_url}/metrics"
 
         def read_counters() -> dict | None:
             if wanted is None:
                 return None
-            status, text = http_get(metrics_url, timeout_s=5)
+            status, text = http_get(self.metrics_url, timeout_s=5)
             return parse_metrics(text, wanted) if status == 200 else None
 
         queue = QueueSamples()
@@ -322,7 +326,7 @@ class ServingScenario(Scenario):
 
     async def _sample_queue(self, session, queue: QueueSamples, wanted: dict) -> None:
         period = 1.0 / float(self.sv.metrics_hz)
-        url = f"{self.live.base_url}/metrics"
+        url = self.metrics_url
         while True:
             t = time.perf_counter()
             try:

@@ -10,8 +10,6 @@ import time
 
 import pytest
 
-from energysweep.util.http import http_get
-
 from energysweep.scenarios.serving.load import (
     CONCURRENCY,
     RATE,
@@ -27,6 +25,7 @@ from energysweep.scenarios.serving.probes import (
     queue_time_mean_s,
 )
 from energysweep.scenarios.serving.stats import queued, request_phase, window_stats
+from energysweep.util.http import http_get
 
 
 def test_load_point_keys_and_checks():
@@ -263,7 +262,8 @@ def _metrics_server(filters: bool, slash: bool):
                 return
             names = parse_qs(url.query).get("name[]") if filters else None
             body = "\n".join(
-                ln for ln in lines
+                ln
+                for ln in lines
                 if names is None or ln.split("{")[0].split(" ")[0] in names  # fmt: skip
             )
             self.send_response(200)
@@ -284,7 +284,7 @@ def _metrics_server(filters: bool, slash: bool):
     [(True, True, True), (False, True, False), (True, False, False)],
     ids=["prometheus-client", "ignores-the-filter", "no-metrics-slash"],
 )
-def test_the_metrics_are_read_filtered_only_where_the_server_filters(filters, slash, takes_filtered):
+def test_metrics_are_read_filtered_only_where_the_server_filters(filters, slash, takes_filtered):
     from energysweep.scenarios.serving.probes import metrics_names, metrics_url
 
     wanted = metrics_names("vllm")

@@ -21,7 +21,6 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from urllib.parse import urlencode
 
 from energysweep.energy.base import EnergySource

@@ -107,18 +107,22 @@ def test_throughput_rising_with_latency_is_no_knee():
     assert (k["sustainable"] == True).all() and not k["knee"].any()  # noqa: E712
 
 
-def test_load_not_sustained_and_request_errors_invalidate_serving_points_only():
-    rows = [serving_row(2, r, 1.0) for r in range(3)]
-    rows += [serving_row(64, r, s, errors=e) for r, (s, e) in enumerate([(0.95, 0), (0.4, 1),
-                                                                         (0.9, 0)])]  # fmt: skip
-    rows += [row(repetition=r) for r in range(3)]
+def _annotated(rows: list[dict]) -> pd.DataFrame:
     merged = shards.to_table(rows).to_pandas()
     s = aggregate.summarize(aggregate.windows(merged[aggregate.WINDOW_COLUMNS]))
     from energysweep.validity import recheck
     from energysweep.validity.verdict import ROW_COLUMNS
 
     validation = recheck.recheck(merged[ROW_COLUMNS], pd.DataFrame(), {}, 0.0)
-    out = annotate(s, merged, validation, _thresholds()).set_index("load")
+    return annotate(s, merged, validation, _thresholds()).set_index("load")
+
+
+def test_load_not_sustained_and_request_errors_invalidate_serving_points_only():
+    rows = [serving_row(2, r, 1.0) for r in range(3)]
+    rows += [serving_row(64, r, s, errors=e) for r, (s, e) in enumerate([(0.95, 0), (0.4, 1),
+                                                                         (0.9, 0)])]  # fmt: skip
+    rows += [row(repetition=r) for r in range(3)]
+    out = _annotated(rows)
     codes = out["invalid_reasons"].str.split(";")
     assert "load_not_sustained" not in codes["rate=2"]
     assert {"load_not_sustained", "request_errors"} <= set(codes["rate=64"])
@@ -128,16 +132,6 @@ def test_load_not_sustained_and_request_errors_invalidate_serving_points_only():
     assert "batch_not_full" not in codes["rate=2"]
     assert out.loc["rate=64", "knee"] is True and out.loc["batch", "knee"] is None
     assert unexplained_nulls(out.reset_index()) == []
-
-
-def _annotated(rows: list[dict]) -> pd.DataFrame:
-    merged = shards.to_table(rows).to_pandas()
-    s = aggregate.summarize(aggregate.windows(merged[aggregate.WINDOW_COLUMNS]))
-    from energysweep.validity import recheck
-    from energysweep.validity.verdict import ROW_COLUMNS
-
-    validation = recheck.recheck(merged[ROW_COLUMNS], pd.DataFrame(), {}, 0.0)
-    return annotate(s, merged, validation, _thresholds()).set_index("load")
 
 
 def test_a_rate_the_client_did_not_send_is_flagged_and_never_called_sustained():

@@ -475,6 +475,9 @@ def check_phases(path) -> dict:
     assert phases["window"] > 0 and phases["start"] > 0, phases
     if rec["job"]["scenario"] == "serving":
         assert phases["server_start"] > 0 and phases["ramp"] > 0, phases
+        # Every batch cap's server start, spawn to healthy, is in it (not only the first's).
+        started = sum(s["start_s"] for s in t["serving"]["servers"])
+        assert phases["server_start"] >= started, (path, phases, t["serving"]["servers"])
     return rec
 
 

@@ -14,6 +14,7 @@ import sys
 
 import pandas as pd
 import pytest
+from test_pipeline_local import check_phases
 from test_slurm_pipeline import sacct, snakemake, write_config
 from test_vllm_real import processes_in
 
@@ -56,6 +57,7 @@ def test_a_serving_sweep_runs_its_servers_inside_the_slurm_allocation(slurm_clus
     assert [s["batch_cap"] for s in servers] == [2, 4]
     assert all(s["slurm_job_id"] == job_id and s["port"] == server_port(job_id) for s in servers)
     assert all(s["start_s"] > 0 and s["stop_s"] > 0 for s in servers)
+    check_phases(wf / JOB / "job.json")  # both servers' starts in server_start, phases add up
     tres = sacct({job_id}).iloc[0]
     assert tres["state"] == "COMPLETED" and tres["gpus"] == 1
     assert "mem=4000M" in tres["tres"], tres["tres"]  # a rank's 2000 MB + the server's front end

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from energysweep.job.sections import Serving
 from energysweep.job.spec import LaunchedJob
-from energysweep.measure.phase_clock import switch
+from energysweep.measure.phase_clock import during, switch
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.serving.client import (
     RunningServer,
@@ -115,8 +115,11 @@ class ServingScenario(Scenario):
 
     def prepare(self, cap: int) -> None:
         if self.server is None or self.server.options.max_num_seqs != cap:
-            self.stop_server()
-            self.start_server(cap)
+            # A later batch cap's server (the first one's is started in run.py, in the same
+            # phase): its start is the server's, not the warm-up's it is called from.
+            with during(JobPhase.SERVER_START):
+                self.stop_server()
+                self.start_server(cap)
         self.warm_up(cap)
 
     def repetition(self, cap: int, rep: int, cooldown_s: float) -> list[dict]:

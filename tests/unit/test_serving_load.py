@@ -469,3 +469,34 @@ def test_the_edges_read_the_servers_count_at_their_stamps_while_the_load_goes_on
     )
     assert ours >= 10 and abs(theirs - ours) <= 2, (ours, theirs)
     assert "read_s" in run.opened["metrics"] and "read_s" in run.closed["metrics"]
+
+
+@pytest.mark.timeout(30)
+def test_the_load_generator_is_imported_beside_the_server_boot_and_its_error_raised(monkeypatch):
+    """ServingScenario.start_server imports vLLM's load generator in a thread while the server
+    boots (client.BackgroundImport): the caller goes on at once, wait() joins it, and an import
+    that failed fails the caller with its own error."""
+    from energysweep.scenarios.serving import client
+
+    started, release = threading.Event(), threading.Event()
+    threads = []
+
+    def slow_import():
+        threads.append(threading.current_thread())
+        started.set()
+        release.wait(10)
+
+    monkeypatch.setattr(client, "import_load_generator", slow_import)
+    imports = client.BackgroundImport()
+    assert started.wait(10) and threads[0] is not threading.current_thread()
+    assert imports.thread.is_alive()  # the caller was not held by the import
+    release.set()
+    imports.wait()
+    assert not imports.thread.is_alive()
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'vllm'")
+
+    monkeypatch.setattr(client, "import_load_generator", missing)
+    with pytest.raises(ModuleNotFoundError, match="vllm"):
+        client.BackgroundImport().wait()

@@ -16,6 +16,7 @@ import faulthandler
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Protocol
 
@@ -42,6 +43,38 @@ class RunningServer(Protocol):
     def pids(self) -> list[int]: ...
     def stop(self, grace_s: float) -> list[int]: ...
     def print_log(self) -> None: ...
+
+
+def import_load_generator() -> None:
+    """Import vLLM's load generator (:func:`vllm_arrivals`, :func:`vllm_sender`): ~5 s on this
+    machine kind (2.7 s for the request functions, which import vLLM, and 2.4 s for
+    ``vllm.benchmarks.serve``), once per process."""
+    import vllm.benchmarks.lib.endpoint_request_func  # noqa: F401
+    import vllm.benchmarks.serve  # noqa: F401
+
+
+class BackgroundImport:
+    """:func:`import_load_generator` in a thread of its own, started as a server boots
+    (ServingScenario.start_server): the server's processes import vLLM one after another, so the
+    client's imports run beside them instead of in the warm-up and the first load run's ramp.
+    The boot is polled meanwhile (a server that dies while booting is seen at once); :meth:`wait`
+    joins it and raises what the import raised."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="load-generator-import", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            import_load_generator()
+        except BaseException as exc:  # raised in the caller's thread by wait()
+            self.error = exc
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def vllm_arrivals(seed: int) -> Arrivals:

@@ -33,6 +33,7 @@ from energysweep.job.spec import LaunchedJob
 from energysweep.measure.phase_clock import during, switch
 from energysweep.scenarios.base import Scenario
 from energysweep.scenarios.serving.client import (
+    BackgroundImport,
     RunningServer,
     Watchdog,
     greedy_tokens,
@@ -148,7 +149,9 @@ class ServingScenario(Scenario):
         self.server = server
         try:
             server.start()
+            imports = BackgroundImport()  # the client's own imports, beside the server's boot
             start_s = server.wait_healthy(timeout)
+            imports.wait()
         except BaseException:
             self.stop_server()  # whatever of it runs; its whole log goes into the rule's log
             raise

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode
@@ -48,7 +49,7 @@ class ServerCpuTime(EnergySource[float]):
 
     name = "server-cpu-time"
 
-    def __init__(self, pids):
+    def __init__(self, pids: Callable[[], list[int]]) -> None:
         self.pids = pids
         self._start: dict[int, int] = {}
         self._hz = os.sysconf("SC_CLK_TCK")

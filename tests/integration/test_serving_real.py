@@ -206,7 +206,11 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
                         ("queue_time_mean_s", "queue-time-unavailable (")):  # fmt: skip
         assert (shards[col].notna() | status.str.contains(reason, regex=False)).all(), col
         assert shards.loc[shards["load"] == "rate=4", col].notna().all(), col
-    assert (shards["request_errors"] == 0).all()
+    # No request failed (CI, 2026-11-29: one of the rate=256 run, before the client's pool
+    # stopped sending on connections the server was closing: client.client_session).
+    req = pd.read_parquet(d / "requests.parquet")
+    failed = req.loc[req["metrics_status"] == "failed", ["load", "request_phase", "error"]]
+    assert (shards["request_errors"] == 0).all() and failed.empty, failed.to_dict("records")
     # The server's own count of the window's requests, read at the same edges; null, said so,
     # where the server answered its /metrics more than 100 ms after an edge. Below overload, on
     # every layout: one server's two windows both went uncounted under the two pytest sessions'
@@ -224,7 +228,6 @@ def test_windows_hold_the_steady_state_and_every_request_is_recorded(served):
     near = _ended_near_an_edge(served["wf"], read)
     print(read.assign(off=off, near=near)[["dp", "load", "requests", "off", "near"]].to_string())
     assert (off <= near.clip(lower=1)).all(), read.assign(off=off, near=near)
-    req = pd.read_parquet(d / "requests.parquet")
     assert {"warmup", "ramp", "window"} <= set(req["request_phase"])
     assert set(req["metrics_status"]) <= {"measured", "cancelled"}  # nothing failed
     done = req[req["metrics_status"] == "measured"]

@@ -36,7 +36,9 @@ from energysweep.scenarios.serving.client import (
     BackgroundImport,
     RunningServer,
     Watchdog,
+    client_session,
     greedy_tokens,
+    server_keepalive_s,
     vllm_arrivals,
     vllm_sender,
 )
@@ -51,7 +53,7 @@ from energysweep.scenarios.serving.probes import (
     queue_time_mean_s,
     server_count,
 )
-from energysweep.scenarios.serving.stats import request_phase, window_stats
+from energysweep.scenarios.serving.stats import failures, request_phase, window_stats
 from energysweep.tables import requests
 from energysweep.tables.phases import JobPhase, Phase
 from energysweep.util.http import http_get
@@ -185,10 +187,8 @@ class ServingScenario(Scenario):
         return vllm_sender(url, self.live.name, int(self.wl.output_tokens), session)
 
     def _session(self):
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=float(self.limits.request_timeout_s))
-        return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+        timeout = float(self.limits.request_timeout_s)
+        return client_session(timeout, server_keepalive_s(self.live.env))
 
     def warm_up(self, cap: int) -> None:
         """Warm-up rounds, then the greedy tokens of the first ``cap`` prompts (generations)."""
@@ -370,6 +370,11 @@ class ServingScenario(Scenario):
 
     def _log_requests(self, cap, point, rep, records, phase, run=None) -> None:
         from energysweep.scenarios.serving.rows import request_rows
+
+        failed = failures(records)
+        if failed is not None:
+            what = "warm-up" if point is None else f"load {point.key} (repetition {rep})"
+            print(f"serving: batch cap {cap}, {what}: {failed}", flush=True)
 
         self.request_rows += request_rows(
             self.job,

@@ -86,3 +86,20 @@ def request_phase(run: LoadRun, rec: RequestRecord) -> str:
     if run.close_s is None or rec.send_s <= run.close_s:
         return "window"
     return "drain"
+
+
+def failures(records: list[RequestRecord], most: int = 3) -> str | None:
+    """The failed requests of a run (cancelled ones are not failures), for the job's log: their
+    count and its ``most`` commonest errors, each its last line and how many requests it
+    failed; None when none failed. Every error is whole in requests.parquet."""
+    failed = [r for r in records if not r.success and not r.cancelled]
+    if not failed:
+        return None
+    counts: dict[str, int] = {}
+    for r in failed:
+        lines = (r.error or "request failed").strip().splitlines() or ["request failed"]
+        counts[lines[-1]] = counts.get(lines[-1], 0) + 1
+    common = sorted(counts.items(), key=lambda kv: -kv[1])[:most]
+    shown = "; ".join(f"{n}x {error}" for error, n in common)
+    more = f"; {len(counts) - most} other error(s)" if len(counts) > most else ""
+    return f"{len(failed)} request(s) failed: {shown}{more}"

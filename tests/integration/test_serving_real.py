@@ -43,7 +43,9 @@ from emulated_truth import against_truth, error_s, unflagged
 from test_vllm_real import CONFIG as OFFLINE
 from test_vllm_real import processes_in, tokens
 
+from energysweep.hw.emulated import node_config
 from energysweep.hw.emulated.profiles import PROFILES
+from energysweep.hw.emulated.truth import Truth
 from energysweep.job.sections import Engine, load_section, schema_defaults
 from energysweep.scenarios.serving.probes import SERVER_COUNT_MAX_READ_S
 
@@ -433,13 +435,39 @@ def test_the_servers_load_drives_the_gpu(served):
     s = summary(served["wf"])
     starved = s[s["invalid_reasons"].str.contains("load_not_offered")][["tp", "dp", "load"]]
     rows = rows.merge(starved.assign(starved=True), on=["tp", "dp", "load"], how="left")
-    rows = rows[rows["starved"].isna()]
+    rows = rows[rows["starved"].isna()].reset_index(drop=True)
     assert len(rows) >= 3, starved  # the low rate's windows at least
     power_w = rows["truth_mj"] / 1e3 / rows["window_s"]
-    activity = (power_w - PROFILE.idle_w) / (PROFILE.busy_w - PROFILE.idle_w)
-    server = rows["cpu_time_s"] / rows["window_s"]
-    print(pd.DataFrame({"dp": rows["dp"], "load": rows["load"], "power_w": power_w,
-                        "gpu_activity": activity, "server_cpu": server}).to_string())  # fmt: skip
     assert (power_w > PROFILE.idle_w * 1.1).all(), power_w
-    assert np.all(activity <= np.minimum(server, 1.0) + 0.05)
+    # The server's CPU seconds are read just inside the energy window (scenarios/serving/
+    # edges.py): the GPU's truth is taken over the reads' own interval (job.json). Dividing by
+    # the energy window instead put the server's share 0.053 under the GPU's (CI, 2026-11-30:
+    # 0.78 against 0.84 at rate=4, dp=1).
+    cpu_ns, slack_s = [], []
+    for _, row in rows.iterrows():
+        d = served["wf"] / serving_dir(row["tp"], row["pp"], row["dp"])
+        timing = json.loads((d / "job.json").read_text())["timing"]["serving"]
+        (run,) = [r for r in timing["load_runs"] if r["load"] == row["load"]]
+        cpu_ns.append(run["server_cpu_read_ns"])
+        # What the two measures may differ by, at most: each server process's CPU time is read
+        # in whole clock ticks (/proc/<pid>/stat), and the GPU's power is constant over each of
+        # the owner's samples (one at each end straddles a read).
+        (server,) = timing["servers"]
+        hz = node_config.read(d / "emulated").activity_hz
+        slack_s.append(len(server["pids"]) / os.sysconf("SC_CLK_TCK") + 2 / hz)
+    start, end = np.array(cpu_ns, dtype=np.int64).T
+    assert ((start >= rows["window_start_ns"]) & (end <= rows["window_end_ns"])).all()
+    cpu_s = (end - start) / 1e9
+    truth_mj = [Truth.read(served["wf"] / serving_dir(r["tp"], r["pp"], r["dp"]) / "emulated")
+                .energy_mj(r["gpu_uuid"], [a], [b])[0]
+                for (_, r), a, b in zip(rows.iterrows(), start, end, strict=True)]  # fmt: skip
+    activity = (np.array(truth_mj) / 1e3 / cpu_s - PROFILE.idle_w) / (
+        PROFILE.busy_w - PROFILE.idle_w
+    )
+    server = rows["cpu_time_s"].to_numpy() / cpu_s
+    slack = np.array(slack_s) / cpu_s
+    print(pd.DataFrame({"dp": rows["dp"], "load": rows["load"], "cpu_s": cpu_s,
+                        "gpu_activity": activity, "server_cpu": server,
+                        "slack": slack}).to_string())  # fmt: skip
+    assert np.all(activity <= np.minimum(server, 1.0) + slack), (activity, server, slack)
     assert np.all(activity >= 0.5 * np.minimum(server, 1.0)), (activity, server)

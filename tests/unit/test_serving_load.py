@@ -323,11 +323,15 @@ def test_queue_samples_are_summarised_over_the_window_only():
 
 def test_server_cpu_time_counts_the_named_processes():
     cpu = ServerCpuTime(lambda: [os.getpid()])
+    before = time.time_ns()
     cpu.begin()
     t0 = time.process_time()
     while time.process_time() - t0 < 0.2:
         pass
     assert cpu.end() >= 0.1
+    # The interval its CPU seconds are over (job.json's load_runs[].server_cpu_read_ns).
+    start, end = cpu.read_ns
+    assert before <= start < end <= time.time_ns()
     assert ServerCpuTime(lambda: []).end() == 0
 
 

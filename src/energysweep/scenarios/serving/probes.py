@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode
 
-from energysweep.energy.base import EnergySource
+from energysweep.energy.base import EnergySource, wall_ns
 from energysweep.job.backends import backend
 from energysweep.util.http import http_get
 
@@ -45,7 +45,11 @@ def _ticks(pid: int) -> int | None:
 
 
 class ServerCpuTime(EnergySource[float]):
-    """CPU seconds of a process set over a window (``pids()`` is asked at both edges)."""
+    """CPU seconds of a process set over a window (``pids()`` is asked at both edges).
+
+    ``read_ns`` holds the wall time (ns) of the last begin's and end's reads: the interval the
+    CPU seconds are over, just inside the energy window (scenarios/serving/edges.py).
+    """
 
     name = "server-cpu-time"
 
@@ -53,15 +57,19 @@ class ServerCpuTime(EnergySource[float]):
         self.pids = pids
         self._start: dict[int, int] = {}
         self._hz = os.sysconf("SC_CLK_TCK")
+        self.read_ns: list[int | None] = [None, None]
 
-    def _snapshot(self) -> dict[int, int]:
-        return {p: t for p in self.pids() if (t := _ticks(p)) is not None}
+    def _snapshot(self) -> tuple[int, dict[int, int]]:
+        pids = self.pids()  # a scan of /proc: before the stamp, so the stamp is the reads'
+        return wall_ns(), {p: t for p in pids if (t := _ticks(p)) is not None}
 
     def begin(self) -> None:
-        self._start = self._snapshot()
+        at, self._start = self._snapshot()
+        self.read_ns = [at, None]
 
     def end(self) -> float:
-        now = self._snapshot()
+        at, now = self._snapshot()
+        self.read_ns[1] = at
         return sum(t - self._start.get(p, 0) for p, t in now.items()) / self._hz
 
 

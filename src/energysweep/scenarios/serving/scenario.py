@@ -278,6 +278,8 @@ class ServingScenario(Scenario):
                 "window_s": stats["window_s"],
                 "drain_s": run.drain_s,
                 "settle_s": settle_s,
+                # the server's CPU seconds (the rows' cpu_time_s) are over these reads
+                "server_cpu_read_ns": list(self.server_cpu.read_ns),
             }
         )
         self.watchdog.arm()

@@ -89,9 +89,9 @@ def request_phase(run: LoadRun, rec: RequestRecord) -> str:
 
 
 def failures(records: list[RequestRecord], most: int = 3) -> str | None:
-    """The failed requests of a run (cancelled ones are not failures), for the job's log: their
-    count and its ``most`` commonest errors, each its last line and how many requests it
-    failed; None when none failed. Every error is whole in requests.parquet."""
+    """The failed requests of a run (cancelled ones are not failures), for the job's log: how
+    many failed, and the ``most`` commonest errors, each by its last line and how many requests
+    it failed; None when none failed. Every error is whole in requests.parquet."""
     failed = [r for r in records if not r.success and not r.cancelled]
     if not failed:
         return None

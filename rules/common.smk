@@ -18,6 +18,13 @@ from energysweep.job.backends import BACKENDS
 from energysweep.job.spec import JobDir, JobKey, JobSpec
 from energysweep.archive.crate import crate_name, config_emulated
 from energysweep.launch import gpu_claims
+from energysweep.util import sigterm
+
+# Snakemake's SIGTERM handler can deadlock on its scheduler's lock (energysweep.util.sigterm):
+# a lock-free one in this process, the head Snakemake's as every Slurm job's.
+from snakemake.scheduling.job_scheduler import JobScheduler
+
+sigterm.patch(JobScheduler)
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.

@@ -579,7 +579,7 @@ def test_the_client_never_sends_on_a_connection_the_server_is_closing():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["default"]["errors"] == 2, got  # the race is real against this server
+    assert got["default"]["errors"] >= 2, got  # the race is real against this server
     assert got["ours"]["errors"] == 0, got
     # ...and the pool still reuses a connection back to back (7 requests: 3 connections, one
     # per burst, unless the machine stalled the client for a fifth of the keep-alive).

@@ -443,24 +443,26 @@ def test_the_servers_load_drives_the_gpu(served):
     # edges.py): the GPU's truth is taken over the reads' own interval (job.json). Dividing by
     # the energy window instead put the server's share 0.053 under the GPU's (CI, 2026-11-30:
     # 0.78 against 0.84 at rate=4, dp=1).
-    cpu_ns, slack_s = [], []
-    for _, row in rows.iterrows():
-        d = served["wf"] / serving_dir(row["tp"], row["pp"], row["dp"])
+    layouts = {}  # each layout's job.json timing, truth and emulated node, read once
+    for lay in {(r.tp, r.pp, r.dp) for r in rows.itertuples()}:
+        d = served["wf"] / serving_dir(*lay)
         timing = json.loads((d / "job.json").read_text())["timing"]["serving"]
-        (run,) = [r for r in timing["load_runs"] if r["load"] == row["load"]]
-        cpu_ns.append(run["server_cpu_read_ns"])
+        layouts[lay] = (timing, Truth.read(d / "emulated"), node_config.read(d / "emulated"))
+    cpu_ns, slack_s, truth_mj = [], [], []
+    for r in rows.itertuples():
+        timing, truth, node = layouts[(r.tp, r.pp, r.dp)]
+        (run,) = [x for x in timing["load_runs"] if x["load"] == r.load]
+        a, b = run["server_cpu_read_ns"]
+        cpu_ns.append((a, b))
+        truth_mj.append(truth.energy_mj(r.gpu_uuid, [a], [b])[0])
         # What the two measures may differ by, at most: each server process's CPU time is read
         # in whole clock ticks (/proc/<pid>/stat), and the GPU's power is constant over each of
         # the owner's samples (one at each end straddles a read).
         (server,) = timing["servers"]
-        hz = node_config.read(d / "emulated").activity_hz
-        slack_s.append(len(server["pids"]) / os.sysconf("SC_CLK_TCK") + 2 / hz)
+        slack_s.append(len(server["pids"]) / os.sysconf("SC_CLK_TCK") + 2 / node.activity_hz)
     start, end = np.array(cpu_ns, dtype=np.int64).T
     assert ((start >= rows["window_start_ns"]) & (end <= rows["window_end_ns"])).all()
     cpu_s = (end - start) / 1e9
-    truth_mj = [Truth.read(served["wf"] / serving_dir(r["tp"], r["pp"], r["dp"]) / "emulated")
-                .energy_mj(r["gpu_uuid"], [a], [b])[0]
-                for (_, r), a, b in zip(rows.iterrows(), start, end, strict=True)]  # fmt: skip
     activity = (np.array(truth_mj) / 1e3 / cpu_s - PROFILE.idle_w) / (
         PROFILE.busy_w - PROFILE.idle_w
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from energysweep.scenarios.serving.load import LoadRun, RequestRecord
@@ -95,11 +97,11 @@ def failures(records: list[RequestRecord], most: int = 3) -> str | None:
     failed = [r for r in records if not r.success and not r.cancelled]
     if not failed:
         return None
-    counts: dict[str, int] = {}
-    for r in failed:
-        lines = (r.error or "request failed").strip().splitlines() or ["request failed"]
-        counts[lines[-1]] = counts.get(lines[-1], 0) + 1
-    common = sorted(counts.items(), key=lambda kv: -kv[1])[:most]
+    counts = Counter(
+        ((r.error or "request failed").strip().splitlines() or ["request failed"])[-1]
+        for r in failed
+    )
+    common = counts.most_common(most)
     shown = "; ".join(f"{n}x {error}" for error, n in common)
     more = f"; {len(counts) - most} other error(s)" if len(counts) > most else ""
     return f"{len(failed)} request(s) failed: {shown}{more}"

@@ -18,13 +18,21 @@ from energysweep.job.backends import BACKENDS
 from energysweep.job.spec import JobDir, JobKey, JobSpec
 from energysweep.archive.crate import crate_name, config_emulated
 from energysweep.launch import gpu_claims
-from energysweep.util import sigterm
+from energysweep.util import sigterm, slurm_status
 
 # Snakemake's SIGTERM handler can deadlock on its scheduler's lock (energysweep.util.sigterm):
 # a lock-free one in this process, the head Snakemake's as every Slurm job's.
 from snakemake.scheduling.job_scheduler import JobScheduler
 
 sigterm.patch(JobScheduler)
+
+# ENERGYSWEEP_SLURM_STATUS_MAX_S caps the Slurm plugin's wait between two checks of its jobs
+# (energysweep.util.slurm_status; the test cluster answers at once, tests/conftest.py sets it).
+_status_max_s = slurm_status.max_interval(os.environ)
+if _status_max_s is not None:
+    from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
+
+    slurm_status.cap(SlurmExecutor, _status_max_s)
 
 # Our own schema validation (defaults filled) names the key and the fix for every bad value,
 # before any job exists.

@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 VENV_BIN = Path(sys.executable).parent
 
+from energysweep.util import slurm_status  # noqa: E402
+
 from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one mode at a time)
     order_multinode_last,
     slurm_cluster,
@@ -251,6 +253,9 @@ def test_env(slurm: bool = False) -> dict:
     env = dict(os.environ)
     if slurm:
         env.pop("SLURM_CONF", None)  # the cluster's /etc/slurm (the jobstep plugin needs it)
+        # The test cluster answers in milliseconds: see a job's end within 3 s, not the Slurm
+        # plugin's growing interval (up to ~40 s late; energysweep.util.slurm_status).
+        env[slurm_status.ENV] = "3"
     else:
         env["SLURM_CONF"] = os.devnull
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from energysweep.sweep import config as es_config
+from energysweep.util import slurm_status
 
 from conftest import test_env, workflow_copy
 
@@ -218,3 +219,17 @@ def test_serving_jobs_are_started_before_the_other_jobs(wf):
     assert len(blocks["serve"]) == 1 and len(blocks["measure"]) >= 2, out[-4000:]
     assert all(re.search(r"^\s*priority: 1$", b, re.M) for b in blocks["serve"]), blocks["serve"]
     assert not any("priority:" in b for b in blocks["measure"]), blocks["measure"]
+
+
+def test_a_bad_slurm_status_cap_fails_before_any_job(wf):
+    """ENERGYSWEEP_SLURM_STATUS_MAX_S (energysweep.util.slurm_status) is read when the workflow
+    loads: a value that is no positive number stops it there, naming the variable and the fix.
+    (Every Slurm test runs with it set: tests/conftest.py, test_env.)"""
+    env = {**test_env(), slurm_status.ENV: "soon"}
+    proc = subprocess.run(
+        ["snakemake", "-n", "--profile", "profiles/slurm"],
+        cwd=wf, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"{slurm_status.ENV}='soon' is not a positive number of seconds" in out, out[-3000:]

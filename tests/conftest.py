@@ -46,13 +46,22 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
 # truth tests keep the contention they were calibrated under (a third session side by side made
 # their window edges miss by up to 76 ms, issue 28's note).
 # The last three joined them to even the two sessions out (issue 28: CI run 46 had 1557 s
-# without the Slurm tests, 1342 s with them).
+# without the Slurm tests, 1342 s with them), and so did the dry runs and the default sweep's
+# checks (test_pipeline_local reads the sweep this session runs beside the Slurm one) once the
+# Slurm tests saw their jobs end sooner (energysweep.util.slurm_status; CI run 99: 1306 s
+# without the Slurm tests, 1170 s with them).
 BESIDE_SLURM = {
     "test_bench_quick.py",
     "test_engine_backends_fake.py",
     "test_training_parallel.py",
     "test_serving_fake.py",
     "test_archive_reproduce.py",
+    "test_examples_dryrun.py",
+    "test_pipeline_local.py",
+    "test_fail_closed.py",
+    "test_merge_verify.py",
+    "test_merged_dataset.py",
+    "test_standin_engine.py",
 }
 
 

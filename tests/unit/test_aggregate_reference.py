@@ -166,7 +166,9 @@ def random_energy(seed: int) -> pd.DataFrame:
     return shards.to_table([rows[i] for i in order]).to_pandas()
 
 
-@pytest.mark.parametrize("seed", range(6))
+# Seeds 0-2: together they reach every branch the comparison is for
+# (test_random_frames_cover_the_cases); three more seeds cost ~8 s of `make test` (issue 28).
+@pytest.mark.parametrize("seed", range(3))
 def test_windows_and_summary_match_the_per_window_loops(seed, tmp_path):
     energy = random_energy(seed)
     # aggregate() hands windows() only the columns it reads (WINDOW_COLUMNS).

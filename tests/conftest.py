@@ -46,10 +46,10 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
 # truth tests keep the contention they were calibrated under (a third session side by side made
 # their window edges miss by up to 76 ms, issue 28's note).
 # The last three joined them to even the two sessions out (issue 28: CI run 46 had 1557 s
-# without the Slurm tests, 1342 s with them), and so did the dry runs and the default sweep's
-# checks (test_pipeline_local reads the sweep this session runs beside the Slurm one) once the
-# Slurm tests saw their jobs end sooner (energysweep.util.slurm_status; CI run 99: 1306 s
-# without the Slurm tests, 1170 s with them).
+# without the Slurm tests, 1342 s with them), and so did the last seven (the dry runs, the
+# default sweep's checks, which read the sweep this session runs beside the Slurm one, and the
+# GPU-setting restore tests) once the Slurm tests saw their jobs end sooner
+# (energysweep.util.slurm_status; CI run 99: 1306 s without the Slurm tests, 1170 s with them).
 BESIDE_SLURM = {
     "test_bench_quick.py",
     "test_engine_backends_fake.py",
@@ -73,10 +73,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.beside_slurm)
     # Single-node and multi-node clusters cannot run at once: group tests by mode.
     order_multinode_last(items)
-    # test_pipeline_local reads local_run, which test_slurm_pipeline's default sweep runs while
-    # its own Slurm sweep waits on the scheduler: after it, never alone first (CI run 101: 111 s
-    # alone, where beside the Slurm sweep it added ~60 s to it).
-    items.sort(key=lambda item: item.path.name == "test_pipeline_local.py")
+    # The tests that read local_run go last: test_slurm_pipeline's default sweep runs it while its
+    # own Slurm sweep waits on the scheduler, never alone first (CI run 101: 111 s alone, where
+    # beside the Slurm sweep it added ~60 s to it).
+    items.sort(key=lambda item: "local_run" in getattr(item, "fixturenames", ()))
 
 
 # The default sweep at a small workload, as `make run` runs it (report built by the same run).

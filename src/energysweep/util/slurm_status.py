@@ -15,6 +15,7 @@ intervals hold. Nothing here imports Snakemake or the plugin.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 ENV = "ENERGYSWEEP_SLURM_STATUS_MAX_S"
@@ -30,8 +31,8 @@ def max_interval(env: Mapping[str, str]) -> float | None:
     try:
         seconds = float(text)
     except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(
             f"{ENV}={text!r} is not a positive number of seconds: set it to e.g. 5, or unset it "
             "to keep the Slurm plugin's own status-check intervals"

@@ -79,9 +79,6 @@ BESIDE_SLURM = {
 # limits.collective_timeout_s, 600 s), so they may wait minutes for a core. Where no idle class
 # can be made, they run after the other two (Makefile, `test`). In CI run 105 this session's
 # first 967 tests took 88 CPU-s and were done in 277 s, with 9% of the cores still idle after.
-# test_config is not here: its first test imports vLLM through the environment probe, whose
-# timeout is 300 s, and in the idle class that took 56 s and 244 s (CI runs 106-107). The fake
-# engines' sweep took 279-284 s here (44 s at normal weight), against its 840 s bound.
 SPARE_CPU = {
     # tests/unit: pure logic, fakes and virtual clocks
     "test_aggregate.py",
@@ -89,6 +86,7 @@ SPARE_CPU = {
     "test_archive.py",
     "test_architecture.py",
     "test_can_be_valid.py",
+    "test_config.py",  # imports vLLM in its probe (a 300 s timeout) where not cached
     "test_counter_reader.py",
     "test_emulated_config.py",
     "test_emulated_h200.py",

@@ -50,11 +50,10 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
 # checks, which read the sweep this session runs beside the Slurm one, a fail-closed job, the
 # merge checks and the GPU-setting restore tests) once the Slurm tests saw their jobs end sooner
 # (energysweep.util.slurm_status; CI run 99: 1306 s without the Slurm tests, 1170 s with them).
-# The dry runs, the fake engines' sweep and the pure benches that were here run in the idle CPU
-# class (SPARE_CPU, below), and the PyTorch layouts' outputs (a numeric tolerance, no timing)
-# came here to even the sessions out (CI run 105: 1196 s and 1193 s before).
+# The dry runs that were here run in the idle CPU class (SPARE_CPU, below).
 BESIDE_SLURM = {
     "test_bench_quick.py",
+    "test_engine_backends_fake.py",
     "test_training_parallel.py",
     "test_serving_fake.py",
     "test_archive_reproduce.py",
@@ -62,18 +61,15 @@ BESIDE_SLURM = {
     "test_fail_closed.py",
     "test_merge_verify.py",
     "test_gpu_settings_restore.py",
-    "test_pytorch_parallel.py",
 }
 
 
 # A third session runs these beside the two in the kernel's idle CPU class (tests/idle_cpu.py,
 # -m spare_cpu): CPU time neither session wants, ~14% of the 2 cores in CI runs 98-104 (both
 # waiting at once). They hold no timing bound and start nothing with a deadline a starved CPU
-# could miss (no subprocess timeout under 300 s, no real-time clock: the emulated node's tests
-# here run on a virtual clock; the fake engines' jobs wait in collectives up to the default
-# limits.collective_timeout_s, 600 s), so they may wait minutes for a core. Where no idle class
-# can be made, they run after the other two (Makefile, `test`). In CI run 105 this session's
-# first 967 tests took 88 CPU-s and were done in 277 s, with 9% of the cores still idle after.
+# could miss (no subprocess timeout under 300 s, no collective, no real-time clock: the emulated
+# node's tests here run on a virtual clock), so they may wait minutes for a core. Where no idle
+# class can be made, they run after the other two (Makefile, `test`).
 SPARE_CPU = {
     # tests/unit: pure logic, fakes and virtual clocks
     "test_aggregate.py",
@@ -81,14 +77,12 @@ SPARE_CPU = {
     "test_archive.py",
     "test_architecture.py",
     "test_can_be_valid.py",
-    "test_config.py",  # imports vLLM in its probe (a 300 s timeout) where not cached
     "test_counter_reader.py",
     "test_emulated_config.py",
     "test_emulated_h200.py",
     "test_emulated_node.py",
     "test_emulated_physics.py",
     "test_emulated_validity.py",
-    "test_environments.py",  # fake interpreters; one probe's 1 s timeout must fire
     "test_exports.py",
     "test_figures.py",
     "test_figures_settings.py",
@@ -110,19 +104,15 @@ SPARE_CPU = {
     "test_report_pages.py",
     "test_sampler.py",
     "test_schema_defaults.py",
-    "test_serving_results.py",
     "test_slurm_fixture_ci.py",
     "test_slurm_nodes.py",
     "test_slurm_status.py",
-    "test_tinymodel.py",
     "test_torchpp.py",
     "test_training.py",
     "test_trtllm_backend.py",
-    "test_vllm_backend.py",  # its contract test imports vLLM (a 540 s timeout)
     "test_warmup.py",
     "test_zeus.py",
-    # tests/integration: dry runs, merges and the fake engines' sweep (timeouts of 300-840 s)
-    "test_engine_backends_fake.py",
+    # tests/integration: dry runs and merges (Snakemake's own timeouts, 300-600 s)
     "test_examples_dryrun.py",
     "test_merged_dataset.py",
     "test_standin_engine.py",
@@ -132,11 +122,10 @@ SPARE_CPU = {
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if item.path.name in BESIDE_SLURM:
+            item.add_marker(pytest.mark.beside_slurm)
         if item.path.name in SPARE_CPU:
             item.add_marker(pytest.mark.spare_cpu)
-        # A module's tests run in its session, except those marked spare_cpu in it (benches).
-        if item.path.name in BESIDE_SLURM and not item.get_closest_marker("spare_cpu"):
-            item.add_marker(pytest.mark.beside_slurm)
     # Single-node and multi-node clusters cannot run at once: group tests by mode.
     order_multinode_last(items)
     # The tests that read local_run go last: test_slurm_pipeline's default sweep runs it while its

@@ -107,10 +107,6 @@ comma := ,
 define site_torch_pth
 $(TORCH_FROM) -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/energysweep-site-torch.pth"
 endef
-# The project is installed editable, so no installer compiles its bytecode (uv compiles the
-# lock's packages): it is compiled here, once, where a machine that sets PYTHONDONTWRITEBYTECODE
-# (this CI kind does) would otherwise compile the src/ modules it imports in every process again
-# (~65 ms of each rank's start-up; a module changed since is compiled in memory, as before).
 SITE_TORCH_CHECK := 'import sys, torch; sys.exit(0 if not torch.__file__.startswith(sys.prefix) else "$(VENV) has a torch of its own, not the site one")'
 $(STAMP):
 	$(call check_env_dir,$(VENV),$(VENV_LOCK),$(if $(TORCH_FROM),,$(PYTHON)))
@@ -122,7 +118,6 @@ $(STAMP):
 	$(if $(TORCH_FROM),$(VENV_PYTHON) envs/locks.py without torch < $(VENV_LOCK) > $(VENV)/lock-without-torch.txt)
 	$(VENV_PYTHON) $(INSTALL_LOCK) --python $(BIN)/python -r $(if $(TORCH_FROM),$(VENV)/lock-without-torch.txt,$(VENV_LOCK))
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
-	$(BIN)/python -m compileall -q src
 	$(if $(TORCH_FROM),$(BIN)/python -c $(SITE_TORCH_CHECK))
 	$(call write_stamp,$(VENV),$(VENV_LOCK),$@,$(TORCH_FROM))
 
@@ -201,32 +196,21 @@ reproduce: $(STAMP) $(VLLM_STAMP)
 # and chromium are built side by side (mostly downloads and unpacking). Then two pytest sessions
 # run side by side: the Slurm tests (one real cluster at a time, in order; they mostly wait on
 # the scheduler) with the modules that hold no timing bound beside them (tests/conftest.py,
-# BESIDE_SLURM), and all the others. A third runs the tests that also start nothing with a
-# deadline (tests/conftest.py, SPARE_CPU) in the kernel's idle CPU class (tests/idle_cpu.py): on
-# the CPU time the other two leave, never taking it from them; where no idle class can be made
-# (not root, no cpu.idle), it runs after the second session instead. The other sessions' output
-# is printed when all are done; the target fails if any does. A sweep both sessions read (the
-# default sweep, local_run) runs once, in the directory they share (tests/conftest.py,
-# shared_sweep).
-PYTEST_SPARE = $(BIN)/python -m pytest -q --durations=10 -m spare_cpu
+# BESIDE_SLURM), and all the others. The Slurm session's output is printed when both are done;
+# the target fails if either does. A sweep both sessions read (the default sweep, local_run)
+# runs once, in the directory they share (tests/conftest.py, shared_sweep).
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) chromium
-	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); spare_log=$$(mktemp -t energysweep-spare-tests.XXXXXX); \
+	@set -u; log=$$(mktemp -t energysweep-slurm-tests.XXXXXX); \
 	shared=$$(mktemp -d -t energysweep-test-shared.XXXXXX); export ENERGYSWEEP_TEST_SHARED_DIR=$$shared; \
 	$(BIN)/python -m pytest -q --durations=25 -m "slurm or beside_slurm" >"$$log" 2>&1 & slurm_pid=$$!; \
-	spare_pid=; if $(BIN)/python tests/idle_cpu.py check >"$$spare_log" 2>&1; then \
-		$(BIN)/python tests/idle_cpu.py run -- $(PYTEST_SPARE) >"$$spare_log" 2>&1 & spare_pid=$$!; fi; \
-	trap 'kill $$slurm_pid $$spare_pid 2>/dev/null; wait; rm -rf "$$log" "$$spare_log" "$$shared"' INT TERM; \
-	$(BIN)/python -m pytest -q --durations=25 -m "not slurm and not beside_slurm and not spare_cpu"; rest=$$?; \
-	spare=75; [ -z "$$spare_pid" ] || { wait $$spare_pid; spare=$$?; }; \
-	if [ $$spare -eq 75 ]; then cat "$$spare_log"; echo "=== the spare-CPU tests, after the others (pytest -m spare_cpu) ==="; \
-		$(PYTEST_SPARE); spare=$$?; \
-	else echo "=== spare-CPU tests (pytest -m spare_cpu, run alongside in the idle CPU class) ==="; cat "$$spare_log"; fi; \
+	trap 'kill $$slurm_pid 2>/dev/null; wait $$slurm_pid; rm -rf "$$log" "$$shared"' INT TERM; \
+	$(BIN)/python -m pytest -q --durations=25 -m "not slurm and not beside_slurm"; rest=$$?; \
 	wait $$slurm_pid; slurm=$$?; \
 	echo "=== Slurm tests and those beside them (pytest -m 'slurm or beside_slurm', run alongside the above) ==="; \
-	cat "$$log"; rm -rf "$$log" "$$spare_log" "$$shared"; \
-	echo "pytest -m 'not slurm and not beside_slurm and not spare_cpu': exit $$rest; -m spare_cpu: exit $$spare; -m 'slurm or beside_slurm': exit $$slurm"; \
-	[ $$rest -eq 0 ] && [ $$spare -eq 0 ] && [ $$slurm -eq 0 ]
+	cat "$$log"; rm -rf "$$log" "$$shared"; \
+	echo "pytest -m 'not slurm and not beside_slurm': exit $$rest; -m 'slurm or beside_slurm': exit $$slurm"; \
+	[ $$rest -eq 0 ] && [ $$slurm -eq 0 ]
 
 # The inner loop (docs/development.md): the unit tests only, no Snakemake sweep, no cluster, in
 # two pytest sessions side by side over alternate test files (both cores: 82 s here, where one

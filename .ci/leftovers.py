@@ -13,9 +13,7 @@ Checked independently of the code under test (no energysweep import), from /proc
 - Slurm: a slurmctld, slurmd or slurmdbd process, or a daemon whose pid file lies in the local
   cluster's state dir (cluster/slurm-local.sh);
 - network: a namespace ``esnode*``, the bridge ``esbr0`` or a link ``esveth*`` (the multi-node
-  cluster's);
-- cgroups: an idle CPU group of `make test`'s third session (``energysweep-idle-*``,
-  tests/idle_cpu.py).
+  cluster's).
 
 Usage: ``python .ci/leftovers.py snapshot FILE`` before, ``python .ci/leftovers.py check
 --before FILE`` after. Exit 1 and one line per leftover when anything is left.
@@ -185,19 +183,6 @@ def network() -> list[str]:
     return left
 
 
-def idle_groups(root: Path = Path("/sys/fs/cgroup"), depth: int = 4) -> list[str]:
-    """The idle CPU groups (tests/idle_cpu.py) under ``root``, ``depth`` levels down at most."""
-    found = []
-    for top, dirs, _ in os.walk(root):
-        level = len(Path(top).relative_to(root).parts)
-        found += [
-            f"cgroup {Path(top) / d}" for d in sorted(dirs) if d.startswith("energysweep-idle-")
-        ]
-        if level + 1 >= depth:
-            dirs.clear()
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -226,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         *temp_dirs(),
         *slurm(pids),
         *network(),
-        *idle_groups(),
     ]
     for item in left:
         print(f"leftover: {item}", file=sys.stderr)

@@ -46,76 +46,23 @@ from slurm_fixtures import (  # noqa: E402,F401  (real local Slurm clusters, one
 # truth tests keep the contention they were calibrated under (a third session side by side made
 # their window edges miss by up to 76 ms, issue 28's note).
 # The last three joined them to even the two sessions out (issue 28: CI run 46 had 1557 s
-# without the Slurm tests, 1342 s with them), and so did the last four (the default sweep's
-# checks, which read the sweep this session runs beside the Slurm one, a fail-closed job, the
-# merge checks and the GPU-setting restore tests) once the Slurm tests saw their jobs end sooner
+# without the Slurm tests, 1342 s with them), and so did the last seven (the dry runs, the
+# default sweep's checks, which read the sweep this session runs beside the Slurm one, and the
+# GPU-setting restore tests) once the Slurm tests saw their jobs end sooner
 # (energysweep.util.slurm_status; CI run 99: 1306 s without the Slurm tests, 1170 s with them).
-# The dry runs that were here run in the idle CPU class (SPARE_CPU, below).
 BESIDE_SLURM = {
     "test_bench_quick.py",
     "test_engine_backends_fake.py",
     "test_training_parallel.py",
     "test_serving_fake.py",
     "test_archive_reproduce.py",
+    "test_examples_dryrun.py",
     "test_pipeline_local.py",
     "test_fail_closed.py",
     "test_merge_verify.py",
-    "test_gpu_settings_restore.py",
-}
-
-
-# A third session runs these beside the two in the kernel's idle CPU class (tests/idle_cpu.py,
-# -m spare_cpu): CPU time neither session wants, ~14% of the 2 cores in CI runs 98-104 (both
-# waiting at once). They hold no timing bound and start nothing with a deadline a starved CPU
-# could miss (no subprocess timeout under 300 s, no collective, no real-time clock: the emulated
-# node's tests here run on a virtual clock), so they may wait minutes for a core. Where no idle
-# class can be made, they run after the other two (Makefile, `test`).
-SPARE_CPU = {
-    # tests/unit: pure logic, fakes and virtual clocks
-    "test_aggregate.py",
-    "test_aggregate_reference.py",
-    "test_archive.py",
-    "test_architecture.py",
-    "test_can_be_valid.py",
-    "test_counter_reader.py",
-    "test_emulated_config.py",
-    "test_emulated_h200.py",
-    "test_emulated_node.py",
-    "test_emulated_physics.py",
-    "test_emulated_validity.py",
-    "test_exports.py",
-    "test_figures.py",
-    "test_figures_settings.py",
-    "test_gpu_check_figures.py",
-    "test_gpu_setting.py",
-    "test_grid.py",
-    "test_job_time.py",
-    "test_jobspec.py",
-    "test_ladder_and_setting.py",
-    "test_launch.py",
-    "test_node_energy.py",
-    "test_node_request.py",
-    "test_nvml.py",
-    "test_nvml_contract.py",
-    "test_progress.py",
-    "test_prompts.py",
-    "test_rapl.py",
-    "test_registry.py",
-    "test_report_pages.py",
-    "test_sampler.py",
-    "test_schema_defaults.py",
-    "test_slurm_fixture_ci.py",
-    "test_slurm_nodes.py",
-    "test_slurm_status.py",
-    "test_torchpp.py",
-    "test_training.py",
-    "test_trtllm_backend.py",
-    "test_warmup.py",
-    "test_zeus.py",
-    # tests/integration: dry runs and merges (Snakemake's own timeouts, 300-600 s)
-    "test_examples_dryrun.py",
     "test_merged_dataset.py",
     "test_standin_engine.py",
+    "test_gpu_settings_restore.py",
 }
 
 
@@ -124,8 +71,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in BESIDE_SLURM:
             item.add_marker(pytest.mark.beside_slurm)
-        if item.path.name in SPARE_CPU:
-            item.add_marker(pytest.mark.spare_cpu)
     # Single-node and multi-node clusters cannot run at once: group tests by mode.
     order_multinode_last(items)
     # The tests that read local_run go last: test_slurm_pipeline's default sweep runs it while its
@@ -322,10 +267,9 @@ def test_env(slurm: bool = False) -> dict:
     env = dict(os.environ)
     if slurm:
         env.pop("SLURM_CONF", None)  # the cluster's /etc/slurm (the jobstep plugin needs it)
-        # The test cluster answers in milliseconds: see a job's end within 1 s, not the Slurm
-        # plugin's growing interval (up to ~40 s late; energysweep.util.slurm_status). Each
-        # wave of a sweep's jobs waited 1.5 s on average for that at 3 s.
-        env[slurm_status.ENV] = "1"
+        # The test cluster answers in milliseconds: see a job's end within 3 s, not the Slurm
+        # plugin's growing interval (up to ~40 s late; energysweep.util.slurm_status).
+        env[slurm_status.ENV] = "3"
     else:
         env["SLURM_CONF"] = os.devnull
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"

@@ -5,7 +5,6 @@ afterwards); other leftovers of a shared machine may be listed too, so only ours
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -94,16 +93,3 @@ def test_ci_check_lists_a_process_still_working_in_a_workflow_copy(tmp_path):
         time.sleep(0.1)
     again = leftovers("check", "--tree", str(tmp_path))
     assert tag not in again.stderr and str(wf) not in again.stderr
-
-
-def test_ci_check_lists_an_idle_cpu_group_left_behind(tmp_path):
-    spec = importlib.util.spec_from_file_location("leftovers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    (tmp_path / "cpu" / "energysweep-idle-123").mkdir(parents=True)  # cgroup v1's cpu hierarchy
-    (tmp_path / "energysweep-idle-7").mkdir()  # cgroup v2's root
-    (tmp_path / "cpu" / "other").mkdir()
-    assert module.idle_groups(tmp_path) == [
-        f"cgroup {tmp_path / 'energysweep-idle-7'}",
-        f"cgroup {tmp_path / 'cpu' / 'energysweep-idle-123'}",
-    ]

@@ -24,6 +24,7 @@ This module holds the factory (:func:`make_source`) and re-exports the interface
 from __future__ import annotations
 
 import os
+import time
 
 from energysweep.energy.base import (
     EnergySource,
@@ -50,10 +51,12 @@ __all__ = [
 GPU_SOURCES = ("auto", "nvml", "zeus", "cross-check", "none")
 
 
-def _nvml(gpu_uuids: list[str]) -> EnergySource:
+def _nvml(gpu_uuids: list[str], clock=None, sleep=None) -> EnergySource:
     from energysweep.energy.nvml import NvmlSource
 
-    return NvmlSource(gpu_uuids)
+    if clock is None:
+        return NvmlSource(gpu_uuids)
+    return NvmlSource(gpu_uuids, clock=clock, sleep=sleep or time.sleep, background=False)
 
 
 def _zeus(gpu_uuids: list[str]) -> EnergySource:
@@ -62,7 +65,9 @@ def _zeus(gpu_uuids: list[str]) -> EnergySource:
     return ZeusSource(gpu_uuids)
 
 
-def make_source(kind: str, device: str, gpu_uuids: list[str]) -> EnergySource:
+def make_source(
+    kind: str, device: str, gpu_uuids: list[str], clock=None, sleep=None
+) -> EnergySource:
     """Factory: the GPU energy source for ``kind`` on a rank that computes on ``device``.
 
     An explicitly requested source that cannot work raises (the config asked for it); ``auto``
@@ -72,6 +77,9 @@ def make_source(kind: str, device: str, gpu_uuids: list[str]) -> EnergySource:
         kind: one of :data:`GPU_SOURCES` (config key measurement.energy_source).
         device: the torch device string the rank computes on (``cpu``, ``cuda:0``).
         gpu_uuids: the GPUs this rank measures, by UUID (``GPU-…``); none: no GPU energy.
+        clock, sleep: a virtual clock (seconds) and its sleep, for tests that drive time: the
+            NVML source then waits and stamps its edges on them, with no watching thread.
+            None: real time.
     """
     from energysweep.hw import nvml as hw_nvml
 
@@ -97,9 +105,9 @@ def make_source(kind: str, device: str, gpu_uuids: list[str]) -> EnergySource:
     if kind == "cross-check":
         from energysweep.energy.crosscheck import CrossCheckSource
 
-        return CrossCheckSource(_nvml(gpu_uuids), _zeus(gpu_uuids))
+        return CrossCheckSource(_nvml(gpu_uuids, clock, sleep), _zeus(gpu_uuids))
     try:
-        return _nvml(gpu_uuids)
+        return _nvml(gpu_uuids, clock, sleep)
     except Exception as exc:  # NVMLError subclasses: missing driver, no permission, ...
         if kind == "nvml":
             raise

@@ -36,6 +36,9 @@ class GpuReading:
     # The slowest counter read behind the window's aligned edges, ms (energy/ticks.py); None
     # where the source reads no counter at aligned edges.
     edge_read_ms: float | None = None
+    # Seconds from the start edge to the end edge on the source's own clock: the interval the
+    # energy covers. None where the source keeps no edges of its own (its caller's clock holds).
+    window_s: float | None = None
 
 
 @dataclass

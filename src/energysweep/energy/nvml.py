@@ -82,6 +82,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         # A GPU without the counter (pre-Volta) fails here, at setup, not in the first window.
         self._read()
         self._start: list[float] | None = None
+        self._start_edge_s: float | None = None  # the start edge on self._clock
         self._raw_start: list[int] = []
         self._unaligned: list[int] = []
         # The start edge's refreshes, watched from prepare() to begin(), by a thread (background).
@@ -187,6 +188,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         if self._start_watch is None:
             self._start_watch = self._watch(2, latest=True)
         now, self._start_ns = self._clock(), wall_ns()
+        self._start_edge_s = now
         self._stop_tracker()
         if self._tracking_error is not None:
             error, self._tracking_error = self._tracking_error, None
@@ -269,9 +271,10 @@ class NvmlSource(EnergySource[list[GpuReading]]):
         return out, at_edge
 
     def end(self) -> list[GpuReading]:
-        if self._start is None or self._start_ns is None:
+        if self._start is None or self._start_ns is None or self._start_edge_s is None:
             raise RuntimeError("end() without begin()")
         t_end, duration = self._clock(), wall_ns() - self._start_ns
+        window_s = t_end - self._start_edge_s
         stop, at_edge = self._end_values(t_end)
         self._edge_s = [max(e, m) for e, m in zip(self._edge_s, self._missed_end_s, strict=True)]
         readings = []
@@ -293,6 +296,7 @@ class NvmlSource(EnergySource[list[GpuReading]]):
                     filter(None, [r.detail, f"edge corrections leave {delta:.0f} mJ: not resolved"])
                 )
             r.edge_read_ms = self._edge_s[i] * 1e3
+            r.window_s = window_s
             if self._edge_s[i] > ticks.SLOW_READ_S:
                 if self._missed_s[i] >= self._edge_s[i]:
                     slow = f"start value extrapolated {r.edge_read_ms:.1f} ms past a missed refresh"

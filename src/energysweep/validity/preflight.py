@@ -150,7 +150,7 @@ def _zeus_check(uuids: list[str], seconds: float) -> dict:
     """Zeus and NVML over the same window (the sweep's cross-check source), where Zeus is."""
     import importlib.util
 
-    from energysweep.energy.crosscheck import CrossCheckSource
+    from energysweep.energy.crosscheck import CrossCheckSource, zeus_ratios
     from energysweep.energy.nvml import NvmlSource
 
     if importlib.util.find_spec("zeus") is None:
@@ -165,19 +165,15 @@ def _zeus_check(uuids: list[str], seconds: float) -> dict:
         source.close()
     except Exception as exc:
         return {"status": WARN, "detail": f"Zeus cannot measure here: {type(exc).__name__}: {exc}"}
-    ratios = {
-        r.gpu_uuid: (
-            r.energy_mj_zeus / r.energy_mj if r.energy_mj_zeus is not None and r.energy_mj else None
-        )
-        for r in readings
-    }
-    bad = [u for u, q in ratios.items() if q is None or abs(q - 1) > 0.1]
+    ratios, tolerance = zeus_ratios(readings, seconds)
+    bad = [u for u, q in ratios.items() if q is None or abs(q - 1) > tolerance]
     return {
         "status": WARN if bad else OK,
         "zeus_nvml_ratio": ratios,
+        "zeus_nvml_tolerance": tolerance,
         "detail": f"Zeus / NVML energy over {seconds:.1f} s: "
         + ", ".join("n/a" if q is None else f"{q:.3f}" for q in ratios.values())
-        + (" (differ by more than 10%)" if bad else ""),
+        + (f" (differ by more than {tolerance:.0%})" if bad else ""),
     }
 
 

@@ -71,5 +71,16 @@ def test_env_pci_order_and_threads():
     assert env["X"] == "1"
 
 
+def test_every_thread_count_snakemake_set_for_the_job_is_the_ranks_share():
+    """Snakemake exports the job's threads as OMP, MKL, OpenBLAS, GOTO, vecLib and numexpr
+    counts; a rank (or a vLLM server worker bound to one core) that kept MKL's 2 ran its decode
+    steps ~70x slower on 2 cores."""
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+    job = dict.fromkeys(names, "2")
+    env = build_env("pytorch", base=job, threads=1)
+    assert {v: env[v] for v in job} == dict.fromkeys(job, "1")
+
+
 def test_default_python_is_this_interpreter():
     assert build_argv(Placement(ParallelLayout(), "pytorch", 8), "s")[0] == sys.executable

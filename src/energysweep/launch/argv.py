@@ -167,6 +167,15 @@ def _multi_node_argv(
     ]  # fmt: skip
 
 
+# The thread counts of OpenMP and the BLAS libraries. Snakemake sets each to the *job's* threads
+# (snakemake/shell.py); a process of the job gets its own share. A vLLM server's workers are each
+# bound to one slice of the job's cores (launch.server.cpu_bind) and took MKL_NUM_THREADS from
+# the job: at dp=2 on 2 cores, two MKL threads per one-core worker made every decode step ~70x
+# slower (0.22 s against 3 ms per token; CI's serving sweep, 2026-12-01).
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+
+
 def build_env(
     backend: str,
     *,
@@ -177,8 +186,9 @@ def build_env(
 ) -> dict:
     """Environment for the processes of a job of ``backend`` (``base``: os.environ if None).
 
-    ``threads`` is each rank's share of the job's cores (OMP_NUM_THREADS; the ranks also set
-    torch's thread count from it), so the ranks of a job never oversubscribe its cores.
+    ``threads`` is each rank's share of the job's cores (OMP_NUM_THREADS and the BLAS libraries'
+    counts, :data:`THREAD_VARS`; the ranks also set torch's thread count from it), so the ranks
+    of a job, or a server's workers, never oversubscribe its cores.
     ``engine`` is the job's ``engine`` section (engine backends only).
     """
     env = dict(os.environ if base is None else base)
@@ -194,7 +204,7 @@ def build_env(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if threads is not None:
-        env["OMP_NUM_THREADS"] = str(max(1, threads))
+        env.update(dict.fromkeys(THREAD_VARS, str(max(1, threads))))
     return env
 
 

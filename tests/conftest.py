@@ -75,8 +75,16 @@ def pytest_collection_modifyitems(config, items):
     order_multinode_last(items)
     # The tests that read local_run go last: test_slurm_pipeline's default sweep runs it while its
     # own Slurm sweep waits on the scheduler, never alone first (CI run 101: 111 s alone, where
-    # beside the Slurm sweep it added ~60 s to it).
-    items.sort(key=lambda item: "local_run" in getattr(item, "fixturenames", ()))
+    # beside the Slurm sweep it added ~60 s to it). The unit tests (one process, one core) go
+    # first, beside the Slurm session's opening modules, which keep the other core busy: last,
+    # they ran beside its multi-node failure tests, which mostly wait on the scheduler, and the
+    # machine was ~45% idle for their ~150 s (CI run 117).
+    items.sort(
+        key=lambda item: (
+            "local_run" in getattr(item, "fixturenames", ()),
+            item.path.parent.name != "unit",
+        )
+    )
 
 
 # The default sweep at a small workload, as `make run` runs it (report built by the same run).
@@ -267,9 +275,10 @@ def test_env(slurm: bool = False) -> dict:
     env = dict(os.environ)
     if slurm:
         env.pop("SLURM_CONF", None)  # the cluster's /etc/slurm (the jobstep plugin needs it)
-        # The test cluster answers in milliseconds: see a job's end within 3 s, not the Slurm
-        # plugin's growing interval (up to ~40 s late; energysweep.util.slurm_status).
-        env[slurm_status.ENV] = "3"
+        # The test cluster answers in milliseconds: see a job's end within 1 s, not the Slurm
+        # plugin's growing interval (up to ~40 s late; energysweep.util.slurm_status). Each
+        # check is one sacct query.
+        env[slurm_status.ENV] = "1"
     else:
         env["SLURM_CONF"] = os.devnull
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"

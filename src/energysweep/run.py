@@ -16,6 +16,7 @@ merge reads), then generations.parquet, power.parquet and job.json. A failure at
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -288,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(None if job.workload.prompts == "builtin" else job.workload.prompts)
     phase_clock.switch(JobPhase.OTHER)  # the ranks are up: what follows is the job's own
     backend, load_s, monitor, scenario = _scenario(job, ctx, prompts)
+    # The heap as it stands (imports, model, engine) goes to the garbage collector's permanent
+    # generation: a full collection over it takes ~0.2 s with torch and transformers loaded, a
+    # pause inside a window when the collector starts one there, and once per batch size in
+    # training (its trainer's close). Trainers built later stay collectable.
+    gc.freeze()
     job_table_rows = _measure(job, ctx, scenario)  # ends in the teardown phase
     samples = _gather_to_rank0(monitor.finish())
     generations = dist.gather(scenario.generations)

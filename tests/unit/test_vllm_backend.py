@@ -9,6 +9,7 @@ name we pass, and the fake, against the real vLLM in its own environment (.venv-
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import socket
 import subprocess
@@ -246,6 +247,24 @@ def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp
     assert rows[0]["ttft_s"] == pytest.approx(0.05)
     assert rows[0]["tpot_s"] == pytest.approx(0.01)
     assert rows[0]["call_start_ns"] <= rows[0]["call_end_ns"]
+
+
+def test_the_engine_is_built_over_a_frozen_heap(fake_vllm, model_dir, tmp_path, monkeypatch):
+    """vLLM's engine construction collects garbage five times: the rank's heap (torch, vLLM) is
+    frozen first, so those collections skip it."""
+    frozen = []
+    init = fake_vllm.__init__
+
+    def counting(self, model, **kwargs):
+        frozen.append(gc.get_freeze_count())
+        init(self, model, **kwargs)
+
+    monkeypatch.setattr(fake_vllm, "__init__", counting)
+    try:
+        tp2_rank(model_dir, tmp_path, 0, output_tokens=2)
+    finally:
+        gc.unfreeze()  # this test process's heap, not a rank's
+    assert frozen and frozen[0] > 0
 
 
 def test_other_tp_ranks_submit_but_return_nothing(fake_vllm, model_dir, tmp_path):

@@ -217,7 +217,8 @@ def tp2_rank(model_dir, out, rank: int, output_tokens: int):
 def fake_vllm(monkeypatch):
     for name, mod in fake_engines.make_vllm().items():
         monkeypatch.setitem(sys.modules, name, mod)
-    return fake_engines.VllmLLM
+    yield fake_engines.VllmLLM
+    gc.unfreeze()  # a backend froze this test process's heap (freeze_heap), not a rank's
 
 
 def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp_path):
@@ -260,10 +261,7 @@ def test_the_engine_is_built_over_a_frozen_heap(fake_vllm, model_dir, tmp_path, 
         init(self, model, **kwargs)
 
     monkeypatch.setattr(fake_vllm, "__init__", counting)
-    try:
-        tp2_rank(model_dir, tmp_path, 0, output_tokens=2)
-    finally:
-        gc.unfreeze()  # this test process's heap, not a rank's
+    tp2_rank(model_dir, tmp_path, 0, output_tokens=2)
     assert frozen and frozen[0] > 0
 
 

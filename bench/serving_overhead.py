@@ -43,7 +43,7 @@ BASE = {
                  "warmup_iterations": 1},
     "measurement": {"min_window_s": 2, "idle_baseline_s": 0, "cooldown_s": 0.5,
                     "sampler_hz": 0},
-    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
+    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 0.0625},
 }  # fmt: skip
 
 

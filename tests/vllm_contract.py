@@ -115,8 +115,30 @@ def main() -> int:
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     shared_memory_names()
     worker_titles()
+    server_arguments(job_spec)
     print("vllm contract ok:", vllm.__version__)
     return 0
+
+
+def server_arguments(job_spec) -> None:
+    """The server's command from the registry's template (energysweep.launch.server) parses with
+    vLLM's own server parser, on CPU (the KV cache as kv_cache_memory_bytes) and on GPU."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from energysweep.job.layout import ParallelLayout
+    from energysweep.launch.server import ServerOptions, server_argv
+
+    engine = dataclasses.replace(job_spec(backend="vllm").engine, cpu_kvcache_gib=0.0625)
+    for on_gpu in (False, True):
+        o = ServerOptions("vllm", "/env/bin/python", "/models/m", ParallelLayout(tp=2), 8, 80,
+                          "float32", 0, engine, on_gpu)  # fmt: skip
+        argv = server_argv(o, 31000, "es-job")
+        assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], argv
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:])
+        assert (args.model, args.port, args.tensor_parallel_size, args.max_num_seqs) == (
+            "/models/m", 31000, 2, 8)  # fmt: skip
+        assert args.kv_cache_memory_bytes == (None if on_gpu else 2**26), args.kv_cache_memory_bytes
 
 
 def shared_memory_names() -> None:

@@ -63,7 +63,7 @@ RATES = {
     "workload": {**OFFLINE["workload"], "output_tokens": 16, "repetitions": 1, "iterations": 4},
     "measurement": {"device": "emulated", "min_window_s": 1, "idle_baseline_s": 0, "cooldown_s": 0,
                     "sampler_hz": 0, "emulated": {"profile": "h100-sxm"}},
-    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
+    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 0.0625},
     "dtype": OFFLINE["dtype"],
     "serving": {"request_rates": [4, 256], "concurrency": None, "batch_caps": [3],
                 "parallel": {"tp": [1], "pp": [1, 2], "dp": [1, 2]}},
@@ -305,7 +305,9 @@ def test_a_server_that_cannot_load_its_model_fails_at_once_with_the_engines_erro
     model = build_tiny_model(tmp_path / "broken")
     (model / "model.safetensors").write_bytes(b"not a safetensors file")
     engine = load_section(
-        Engine, {**schema_defaults("engine"), "enforce_eager": True, "cpu_kvcache_gib": 1}, "engine"
+        Engine,
+        {**schema_defaults("engine"), "enforce_eager": True, "cpu_kvcache_gib": 0.0625},
+        "engine",
     )
     options = ServerOptions("vllm", vllm_python(), str(model), ParallelLayout(1, 1, 1), 2, 80,
                             "float32", 0, engine)  # fmt: skip

@@ -33,7 +33,7 @@ CONFIG = {
                  "warmup_iterations": 1},
     "measurement": {"min_window_s": 1, "idle_baseline_s": 0, "cooldown_s": 0,
                     "sampler_hz": 0},
-    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
+    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 0.0625},
     # request_rates: null overrides config/config.yaml's (a --configfile is merged into it).
     "serving": {"concurrency": [1, 32], "request_rates": None, "batch_caps": [2, 4],
                 "parallel": None},

@@ -61,7 +61,7 @@ CONFIG = {
         "sampler_hz": 0,
         "prefill_pass": False,
     },
-    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 1},
+    "engine": {"enforce_eager": True, "cpu_kvcache_gib": 0.0625},
     "dtype": "float32",
 }
 # The jobs compared: PyTorch tp=1 is the reference; every vLLM layout that runs here.
@@ -298,8 +298,8 @@ def test_vllm_jobs_are_real_engines_with_metrics_and_startup(sweep):
         assert req["metrics_source"].str.contains("RequestOutput.metrics").all()
         log = sweep / "logs" / "measure" / job_dir(*job).removeprefix("results/shards/")
         text = log.with_suffix(".log").read_text()
-        # engine.cpu_kvcache_gib reached the engine (VLLM_CPU_KVCACHE_SPACE), per rank.
-        assert "GiB for KV cache" in text and "Explicitly set (1.0/" in text
+        # engine.cpu_kvcache_gib (64 MiB) reached the engine (kv_cache_memory_bytes), per rank.
+        assert "GiB for KV cache" in text and "Explicitly set (0.06/" in text
 
 
 @pytest.mark.timeout(900)

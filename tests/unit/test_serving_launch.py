@@ -165,8 +165,14 @@ def test_vllm_and_trtllm_server_commands_map_the_layout_and_cap():
                                   "--host", "--port", "--served-model-name")] == [
         "2", "3", "4", "8", "80", "127.0.0.1", "31000", "es-job"]  # fmt: skip
     assert "--enforce-eager" in v and "--gpu-memory-utilization" not in v
+    # CPU: the KV cache is engine.cpu_kvcache_gib in bytes (fractions of a GiB allowed).
+    assert _flag(v, "--kv-cache-memory-bytes") == str(3 * 2**30)
+    small = dataclasses.replace(ENGINE, cpu_kvcache_gib=0.0625)
+    assert _flag(server_argv(dataclasses.replace(options(), engine=small), 1, "n"),
+                 "--kv-cache-memory-bytes") == str(2**26)  # fmt: skip
     gpu = server_argv(options(on_gpu=True), 1, "n")
     assert _flag(gpu, "--gpu-memory-utilization") == "0.8"
+    assert "--kv-cache-memory-bytes" not in gpu
     t = server_argv(options("tensorrt-llm", ParallelLayout(2, 2, 1)), 31000, "es-job")
     assert t[:2] == ["/env/bin/trtllm-serve", "/models/m"]
     assert [_flag(t, f) for f in ("--tp_size", "--pp_size", "--max_batch_size", "--max_seq_len",
@@ -179,9 +185,11 @@ def test_cpu_workers_get_disjoint_core_slices_in_vllm_rank_order():
     assert cpu_bind(2, [4, 5, 6, 7, 8]) == "4-6|7-8"
     assert cpu_bind(1, [0, 1, 2, 3]) == "0-3"
     assert cpu_bind(4, [0, 1]) == "0|1|0|1"  # fewer cores than workers: shared round-robin
-    env = server_env(options(), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "X": "1"}, 5010)
+    job_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "4", "X": "1"}
+    env = server_env(options(), job_env, 5010)
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and env["X"] == "1"
-    assert env["VLLM_PORT"] == "5010" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    # The size is the server's flag: an inherited whole-GiB variable would override it.
+    assert env["VLLM_PORT"] == "5010" and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert len(env["VLLM_CPU_OMP_THREADS_BIND"].split("|")) == 2
     gpu = server_env(options(on_gpu=True), {}, None)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in gpu and "VLLM_PORT" not in gpu

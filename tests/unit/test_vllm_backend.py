@@ -170,6 +170,19 @@ def test_concurrent_jobs_get_disjoint_port_blocks():
     assert max(got) + ports.VLLM_PORT_BLOCK <= ports.PORT_BASE
 
 
+def test_cpu_kv_cache_is_the_engine_option_never_an_inherited_variable():
+    """engine.cpu_kvcache_gib reaches vLLM as kv_cache_memory_bytes (fractions of a GiB
+    allowed); a VLLM_CPU_KVCACHE_SPACE in the job's environment would override it in vLLM's CPU
+    platform, so the ranks do not inherit it."""
+    engine = {"cpu_kvcache_gib": 0.0625}
+    kw = vllm_backend.engine_kwargs(job_spec(**JOB, engine=engine), "/m", on_gpu=False)
+    assert kw["kv_cache_memory_bytes"] == 2**26 and "gpu_memory_utilization" not in kw
+    gpu = vllm_backend.engine_kwargs(job_spec(**JOB, engine=engine), "/m", on_gpu=True)
+    assert "kv_cache_memory_bytes" not in gpu  # GPUs: gpu_memory_utilization decides
+    env = launch_argv.build_env("vllm", base={"VLLM_CPU_KVCACHE_SPACE": "1"}, engine=ENGINE)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
 def test_env_port_outside_slurm_is_free():
     port = int(launch_argv.build_env("vllm", base={}, engine=ENGINE)["VLLM_PORT"])
     with socket.socket() as s:
@@ -224,7 +237,7 @@ def fake_vllm(monkeypatch):
 def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp_path):
     job, backend = tp2_rank(model_dir, tmp_path, 0, output_tokens=5)
     llm = fake_vllm.instances[-1]
-    # CPU ranks: no gpu_memory_utilization (the KV cache is VLLM_CPU_KVCACHE_SPACE).
+    # CPU ranks: no gpu_memory_utilization (the KV cache is engine.cpu_kvcache_gib).
     assert llm.kwargs == vllm_backend.engine_kwargs(job, model_dir, on_gpu=False)
     assert "gpu_memory_utilization" not in llm.kwargs
     assert backend.startup["engine_version"] == fake_engines.VLLM_VERSION

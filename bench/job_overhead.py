@@ -6,6 +6,12 @@ wall time split into phases (job.json ``timing.phases_s``), its window seconds a
 fraction, and Snakemake's wall time for the job (launcher and script included). The figure is
 the sweep's wall / its windows' seconds (windows of every job, summed).
 
+After the sweeps (the machine idle again) it times each backend's import floor: a fresh
+interpreter of the ranks' environment importing what a rank of that backend needs before it can
+compute (torch and transformers' Llama for PyTorch, ``vllm.LLM`` for vLLM), three times. No job
+can spend less than that outside its windows, so windows / (windows + floor) bounds its window
+fraction; the table prints the bound beside the fraction reached.
+
 With ``--baseline REF`` the same sweep also runs from the code at git ref REF (exported with
 `git archive`), in the same invocation, before this checkout's: both arms side by side, so their
 ratios are taken under the same machine load. A ref whose job.json has no phases shows only
@@ -35,6 +41,7 @@ from _common import (
     add_benchmark_directive,
     benchmark_path,
     check,
+    env,
     machine,
     timed,
     workflow_copy,
@@ -62,6 +69,68 @@ SHORT = {  # column titles of the phase table (energysweep.tables.phases.JobPhas
     "teardown": "tear",
     "other": "other",
 }
+
+
+# What a rank of each backend imports before it can compute (backends/pytorch.py, torchpp; vLLM
+# imports torch and transformers itself), run in a fresh interpreter of the ranks' environment.
+FLOOR_IMPORTS = {
+    "pytorch": (
+        VENV_BIN / "python",
+        "import torch, torch.distributed; from transformers import AutoTokenizer, LlamaForCausalLM",
+    ),
+    "vllm": (ROOT / ".venv-vllm" / "bin" / "python", "from vllm import LLM"),
+}
+
+
+# Printed by the floor's interpreter once its imports are done: its age, on the clock that starts a
+# rank's phases (energysweep.measure.phase_clock.process_age_s): interpreter start and imports,
+# not its exit.
+AGE = (
+    "import os, time; f = open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split(); "
+    "print(time.clock_gettime(time.CLOCK_BOOTTIME) - int(f[19]) / os.sysconf('SC_CLK_TCK'))"
+)
+
+
+def import_floor(backends: set[str], repeats: int) -> dict[str, float]:
+    """Per backend of ``backends``: the median seconds a fresh interpreter of its ranks'
+    environment takes from its creation to the end of what its ranks import
+    (:data:`FLOOR_IMPORTS`); a backend whose environment is missing is left out."""
+    floor = {}
+    for name, (python, code) in FLOOR_IMPORTS.items():
+        if name not in backends or not python.exists():
+            continue
+        runs = []
+        for _ in range(repeats):
+            out = subprocess.run(
+                [str(python), "-c", f"{code}\n{AGE}"],
+                cwd=ROOT,
+                env=env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if out.returncode != 0:
+                raise SystemExit(f"{name} import floor failed:\n{out.stderr[-2000:]}")
+            runs.append(float(out.stdout.split()[-1]))
+        floor[name] = sorted(runs)[len(runs) // 2]
+    return floor
+
+
+def floor_table(arm: dict, floor: dict[str, float]) -> None:
+    """Per job of ``arm``: its windows, the import floor of its backend, the fraction bound
+    windows / (windows + floor), and the fraction it reached (serving jobs: the client's
+    floor is not the server's, so they are left out)."""
+    print("\nimport floor (s): " + ", ".join(f"{b} {s:.2f}" for b, s in floor.items()))
+    print(f"{'job':<34}{'windows':>8}{'floor':>7}{'bound':>7}{'frac':>6}")
+    for label, t in arm["jobs"].items():
+        backend, scenario = label.split()[:2]
+        if backend not in floor or scenario == "serving":
+            continue
+        w = t["window_s"]
+        bound = w / (w + floor[backend])
+        print(
+            f"{label:<34}{w:>8.1f}{floor[backend]:>7.2f}{bound:>7.2f}{t['window_fraction']:>6.2f}"
+        )
 
 
 def export(ref: str, dst: Path) -> Path:
@@ -160,9 +229,14 @@ def main() -> int:
             src = export(baseline, tmp / "baseline-src")
             arms.append(run_arm(f"before ({baseline})", src, tmp, args.quick, "before"))
         arms.append(run_arm("after (this checkout)", ROOT, tmp, args.quick, "after"))
+    # The quick mode (the tests) times its one backend once: the same code path.
+    floor = import_floor(
+        {label.split()[0] for label in arms[-1]["jobs"]}, repeats=1 if args.quick else 3
+    )
     for arm in arms:
         phase_table(arm)
     side_by_side(arms)
+    floor_table(arms[-1], floor)
     print(
         "job_overhead: sweep wall / windows = "
         + ", ".join(f"{a['wall_s'] / a['windows_s']:.2f} {a['name']}" for a in arms)

@@ -264,8 +264,15 @@ class VllmBackend(EngineBackend):
             torch.cuda.synchronize(torch.device(self.ctx.device))
 
     def close(self) -> None:
+        """Write the request log, destroy vLLM's TP/PP groups, unlink the job's segments.
+
+        The engine itself is left to the rank's exit (energysweep.run.entry: ``os._exit`` once
+        job.json is written), as the model of a PyTorch rank is. vLLM's engine shutdown gives
+        its memory back to a process that goes on: it unfreezes the heap and collects it twice
+        (0.8 s of a tiny model's CPU rank here), then destroys the whole process group, so
+        energysweep.run's last barrier found none to wait on.
+        """
         self.write_requests()
-        del self.llm
         try:
             # vLLM's TP/PP groups; the world group stays for energysweep.run's last barrier.
             from vllm.distributed.parallel_state import destroy_model_parallel

@@ -116,6 +116,7 @@ def main() -> int:
     shared_memory_names()
     worker_titles()
     server_arguments(job_spec)
+    kv_cache_errors()
     print("vllm contract ok:", vllm.__version__)
     return 0
 
@@ -139,6 +140,18 @@ def server_arguments(job_spec) -> None:
         assert (args.model, args.port, args.tensor_parallel_size, args.max_num_seqs) == (
             "/models/m", 31000, 2, 8)  # fmt: skip
         assert args.kv_cache_memory_bytes == (None if on_gpu else 2**26), args.kv_cache_memory_bytes
+
+
+def kv_cache_errors() -> None:
+    """The texts of vLLM's KV-cache-too-small errors, which the registry's cpu_error_hints
+    match to name engine.cpu_kvcache_gib, are still the ones vLLM raises."""
+    from vllm.v1.core import kv_cache_utils
+
+    from energysweep.job.backends import backend
+
+    src = inspect.getsource(kv_cache_utils._check_enough_kv_cache_memory)
+    for text, _ in backend("vllm").cpu_error_hints:
+        assert text in src, text
 
 
 def shared_memory_names() -> None:

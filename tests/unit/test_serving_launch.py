@@ -195,6 +195,20 @@ def test_cpu_workers_get_disjoint_core_slices_in_vllm_rank_order():
     assert "VLLM_CPU_OMP_THREADS_BIND" not in gpu and "VLLM_PORT" not in gpu
 
 
+def test_a_server_that_died_of_a_kv_cache_too_small_on_cpu_names_the_key(tmp_path):
+    """vLLM advises raising gpu_memory_utilization; on CPU the cache is engine.cpu_kvcache_gib."""
+    log = tmp_path / "server.log"
+    log.write_text("ValueError: To serve at least one request with the model's max seq len (80), "
+                   "(0.0 GiB KV cache is needed, which is larger than the available KV cache "
+                   "memory (0.0 GiB).\n")  # fmt: skip
+    cpu = Server(options(), 31000, "es-job", log, {}, subreaper=False).failure("exited (1)")
+    assert "raise engine.cpu_kvcache_gib" in cpu and "KV cache is needed" in cpu
+    gpu = Server(options(on_gpu=True), 31000, "es-job", log, {}, subreaper=False)
+    assert "cpu_kvcache_gib" not in gpu.failure("exited (1)")  # GPUs: vLLM's advice holds
+    log.write_text("OSError: address in use\n")
+    assert "cpu_kvcache_gib" not in Server(options(), 1, "n", log, {}, subreaper=False).failure("x")
+
+
 def test_worker_processes_map_to_their_gpu():
     assert worker_gpu("VLLM::Worker", "VLLM::EngineCore", 1, 1) == 0
     assert worker_gpu("VLLM::Worker_TP1", "VLLM::EngineCore", 2, 1) == 1

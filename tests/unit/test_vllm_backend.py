@@ -234,6 +234,31 @@ def fake_vllm(monkeypatch):
     gc.unfreeze()  # a backend froze this test process's heap (freeze_heap), not a rank's
 
 
+# vLLM 0.32.0's error (v1/core/kv_cache_utils.py) for a KV cache that holds fewer tokens than one
+# request of max_model_len: its advice, gpu_memory_utilization, does not size a CPU rank's cache.
+KV_TOO_SMALL = (
+    "To serve at least one request with the model's max seq len (80), (0.0 GiB KV cache is needed, "
+    "which is larger than the available KV cache memory (0.0 GiB). Try increasing "
+    "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend)"
+)
+
+
+def test_a_kv_cache_too_small_on_cpu_names_the_key_that_sizes_it(fake_vllm, model_dir, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    def refuse(self, model, **kwargs):
+        raise ValueError(KV_TOO_SMALL)
+
+    monkeypatch.setattr(fake_vllm, "__init__", refuse)
+    with pytest.raises(ValueError, match=r"raise engine\.cpu_kvcache_gib") as err:
+        tp2_rank(model_dir, tmp_path, 0, output_tokens=5)
+    assert "engine.cpu_kvcache_gib is 1" in str(err.value) and KV_TOO_SMALL in str(err.value)
+    # Another engine error is the engine's own, untouched.
+    monkeypatch.setattr(fake_vllm, "__init__", lambda self, model, **kw: (_ for _ in ()).throw(
+        ValueError("unrelated")))  # fmt: skip
+    with pytest.raises(ValueError, match="^unrelated$"):
+        tp2_rank(model_dir, tmp_path, 0, output_tokens=5)
+
+
 def test_writer_returns_exact_tokens_and_logs_requests(fake_vllm, model_dir, tmp_path):
     job, backend = tp2_rank(model_dir, tmp_path, 0, output_tokens=5)
     llm = fake_vllm.instances[-1]

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from energysweep.backends.engine_common import EngineBackend, max_batch_size, max_model_len
+from energysweep.job.backends import backend as backend_info
 from energysweep.job.names import segment_prefix
 from energysweep.job.spec import JobSpec, LaunchedJob
 
@@ -237,7 +238,14 @@ class VllmBackend(EngineBackend):
         freeze_heap()
         t1 = time.perf_counter()
         name_segments_per_job(segment_prefix(job.job_id))
-        self.llm = LLM(**engine_kwargs(job, ctx.model_dir, on_gpu=on_gpu))
+        try:
+            self.llm = LLM(**engine_kwargs(job, ctx.model_dir, on_gpu=on_gpu))
+        except ValueError as exc:
+            hint = "" if on_gpu else backend_info(job.key.backend).cpu_error_hint(str(exc))
+            if not hint:
+                raise
+            gib = job.engine.cpu_kvcache_gib if job.engine is not None else None
+            raise ValueError(f"{hint} (engine.cpu_kvcache_gib is {gib}). vLLM: {exc}") from exc
         t2 = time.perf_counter()
         self._sampling_cls = SamplingParams
         self.startup = startup_record(vllm.__version__, t1 - t0, t2 - t1, self.llm)

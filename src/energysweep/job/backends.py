@@ -9,6 +9,10 @@ engine kept in another package; the stand-in engine of tests/integration/test_st
 
 ``config/config.schema.yaml``'s ``backends`` enum lists exactly the built-in names (a unit test
 checks); a registered backend is added to the enum at validation (energysweep.sweep.config).
+
+Why this is long: it is one table, every built-in backend's record (vLLM's alone is ~100 lines,
+most of them its server's command, environment and metrics); split, a backend's facts would be
+spread over files again, which this module exists to end.
 """
 
 from __future__ import annotations
@@ -104,6 +108,8 @@ class BackendInfo:
         server_env: ``(condition, name, value)`` set in its server's environment where the
             condition (SERVER_ENV_CONDITIONS) holds; the value names SERVER_ENV_FIELDS.
         unsupported: the layouts it cannot run, each with its reason.
+        cpu_error_hints: ``(text, fix)``: on CPU ranks an engine error (in a rank or its
+            server's log) holding ``text`` gets ``fix`` added (:meth:`cpu_error_hint`).
         multi_node_serving: what one server of it spanning several nodes would need (the reason
             of a skipped multi-node serving point).
         line_style: its lines in the figures (a matplotlib line style).
@@ -130,6 +136,7 @@ class BackendInfo:
     server_env_drop: tuple[str, ...] = ()
     server_env: tuple[tuple[str, str, str], ...] = ()
     unsupported: tuple[Unsupported, ...] = ()
+    cpu_error_hints: tuple[tuple[str, str], ...] = ()
     multi_node_serving: str = "an engine server"
     line_style: str = "-."
 
@@ -146,6 +153,10 @@ class BackendInfo:
         """``{key: series}`` of its server's /metrics; None where none is parsed."""
         return dict(self.server_metrics) or None
 
+    def cpu_error_hint(self, error: str) -> str:
+        """The fixes of :attr:`cpu_error_hints` whose text ``error`` holds ("" for none)."""
+        return " ".join(fix for text, fix in self.cpu_error_hints if text in error)
+
     def unsupported_reasons(
         self, features: set[str], scenario: str, tp: int, pp: int, dp: int
     ) -> list[str]:
@@ -156,6 +167,12 @@ class BackendInfo:
             if scenario in u.scenarios and u.when <= features
         ]
 
+
+KV_CACHE_FIX = (  # a vLLM KV cache too small on CPU ranks (BackendInfo.cpu_error_hints)
+    "On CPU ranks the KV cache per rank is config key engine.cpu_kvcache_gib, not "
+    "gpu_memory_utilization: raise engine.cpu_kvcache_gib (it must hold max_num_seqs x "
+    "max_model_len tokens), or lower the batch sizes or engine.max_model_len."
+)
 
 BACKENDS: dict[str, BackendInfo] = {
     b.name: b
@@ -221,8 +238,7 @@ BACKENDS: dict[str, BackendInfo] = {
             server_argv_if=(
                 ("enforce_eager", ("--enforce-eager",)),
                 ("on_gpu", ("--gpu-memory-utilization", "{gpu_memory_utilization}")),
-                # engine.cpu_kvcache_gib (the CPU build sizes its KV cache from it; a fraction of
-                # a GiB, unlike VLLM_CPU_KVCACHE_SPACE's whole GiB).
+                # engine.cpu_kvcache_gib in bytes (VLLM_CPU_KVCACHE_SPACE is whole GiB only).
                 ("on_cpu", ("--kv-cache-memory-bytes", "{cpu_kvcache_bytes}")),
             ),
             rank_env=(
@@ -234,9 +250,8 @@ BACKENDS: dict[str, BackendInfo] = {
                 # external_launcher each rank uses OMP_NUM_THREADS (build_env), so say so.
                 ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
             ),
-            # The KV cache of a CPU rank is engine.cpu_kvcache_gib, passed as the engine's
-            # kv_cache_memory_bytes (vllm_backend.engine_kwargs, the server's flag above): an
-            # inherited VLLM_CPU_KVCACHE_SPACE (whole GiB) would override it in vLLM's CPU platform.
+            # A CPU rank's KV cache is the engine's kv_cache_memory_bytes (engine_kwargs, the
+            # server's flag above), which an inherited VLLM_CPU_KVCACHE_SPACE would override.
             rank_env_drop=("VLLM_CPU_KVCACHE_SPACE",),
             # Offline ranks run the engine in-process (external_launcher); a server runs vLLM's
             # own multiprocess engine, as deployed. On CPU each worker is bound to its own slice
@@ -246,6 +261,11 @@ BACKENDS: dict[str, BackendInfo] = {
                 ("engine_port", "VLLM_PORT", "{engine_port}"),
                 ("on_cpu", "VLLM_CPU_OMP_THREADS_BIND", "{cpu_bind}"),
             ),
+            # Its KV-cache errors advise gpu_memory_utilization, which sizes no CPU rank's cache.
+            cpu_error_hints=(
+                ("cache is needed, which is larger than the available KV cache", KV_CACHE_FIX),
+                ("No available memory for the cache blocks", KV_CACHE_FIX),
+            ),  # fmt: skip
             server_metrics=(
                 ("running", "vllm:num_requests_running"),
                 ("waiting", "vllm:num_requests_waiting"),

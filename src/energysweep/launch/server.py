@@ -294,9 +294,11 @@ class Server:
         return "\n".join(text[-lines:])
 
     def failure(self, what: str) -> str:
+        tail = self.log_tail()
+        hint = "" if self.options.on_gpu else backend(self.options.backend).cpu_error_hint(tail)
         return (
             f"the {self.options.backend} server ({' '.join(self.argv[:3])} ... port {self.port}) "
-            f"{what}. Its log ({self.log_path.name}) ends:\n{self.log_tail()}"
+            f"{what}.{' ' + hint if hint else ''} Its log ({self.log_path.name}) ends:\n{tail}"
         )
 
     def print_log(self, out=sys.stdout) -> None:

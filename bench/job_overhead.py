@@ -82,13 +82,10 @@ FLOOR_IMPORTS = {
 }
 
 
-# Printed by the floor's interpreter once its imports are done: its age, on the clock that starts a
-# rank's phases (energysweep.measure.phase_clock.process_age_s): interpreter start and imports,
-# not its exit.
-AGE = (
-    "import os, time; f = open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split(); "
-    "print(time.clock_gettime(time.CLOCK_BOOTTIME) - int(f[19]) / os.sysconf('SC_CLK_TCK'))"
-)
+# Printed by the floor's interpreter once its imports are done: its age, by the function that
+# starts a rank's phase clock (interpreter start and imports, not its exit; ``env()`` puts the
+# package on its path).
+AGE = "from energysweep.measure.phase_clock import process_age_s; print(process_age_s())"
 
 
 def import_floor(backends: set[str], repeats: int) -> dict[str, float]:

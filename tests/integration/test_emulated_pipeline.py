@@ -15,10 +15,11 @@ import re
 import pandas as pd
 import pytest
 import yaml
-from emulated_truth import against_truth, assert_matches_truth, slow_read_j
 
 from energysweep.hw.emulated.node import identity
 from energysweep.results import unexplained_nulls
+
+from emulated_truth import against_truth, assert_matches_truth, slow_read_j
 
 pytestmark = [pytest.mark.integration]
 

@@ -23,6 +23,7 @@ from energysweep.hw.emulated.node import identity
 from energysweep.hw.emulated.truth import Truth
 
 from conftest import test_env, workflow_copy
+from emulated_truth import WORST_ERROR_S
 
 pytestmark = [pytest.mark.integration]
 
@@ -105,16 +106,22 @@ def test_a_foreign_process_makes_every_point_gpu_shared(shared_run):
 @pytest.mark.timeout(1800)
 def test_idle_baseline_and_idle_adjusted_energy_match_the_truth(shared_run):
     """Idle power = the counter's energy over exactly the idle interval, after the warm-up:
-    within 1% of the emulated truth; so is the point's idle-adjusted J/token.
+    within 1% of the emulated truth; the point's idle-adjusted J/token in the summary is the
+    truth's within what the errors of its two terms explain.
 
-    The idle-adjusted figure (window energy - idle power x window length) also carries the
-    window energy's own error (held to the truth by test_emulated_pipeline's bounds: a few ms of
-    the window's power on this loaded 2-core machine), which the subtraction magnifies where a
-    window draws little above idle (the training job here: ~135 W against ~104 W idle). So the
-    idle baseline's share of the error is held to 1% on every point, and the whole figure on
-    the inference point, whose windows draw well above idle.
+    The idle-adjusted figure (window energy - idle power x window length) carries the window
+    energy's own error too, which the subtraction magnifies where a window draws little above
+    idle (the training job here: ~135 W against ~104 W idle). So the idle baseline's share of the
+    error is held to 1% on every point, and the summary's figure (the inference point's) to the
+    truth's within the idle share plus the window energy's per-row bound (emulated_truth's
+    WORST_ERROR_S of the window's own power): a window within its bounds cannot fail it. The
+    figure is also exactly its measured terms composed, so a share of the idle term lost fails.
+    Not a fixed 1%: a CI run of 2026-11-30 (make test's two sessions on the 2 cores) had the
+    figure 1.03% high (0.8407 against 0.8322 J/token); alone it is 0.09% high (a 2 s window
+    1.2 J, 1.9 ms of its power, over the truth).
     """
     wf, uuid, _ = shared_run
+    summary = pd.read_csv(wf / "results" / "summary.csv")
     for job in _jobs(wf):
         rows = pd.read_parquet(job.with_name("shards.parquet"))
         truth = Truth.read(job.with_name("emulated"))
@@ -131,12 +138,20 @@ def test_idle_baseline_and_idle_adjusted_energy_match_the_truth(shared_run):
         head = rows[rows["phase"].isin(["generate", "train"])].reset_index(drop=True)
         dur_s = (head["window_end_ns"] - head["window_start_ns"]) / 1e9
         tokens = np.where(head["phase"] == "train", head["input_tokens"], head["output_tokens"])
-        ours = np.median((head["gpu_energy_mj"] / 1e3 - measured * dur_s) / tokens)
-        theirs = np.median((truth.windows(head) / 1e3 - true_idle_w * dur_s) / tokens)
-        idle_term = np.median(abs(measured - true_idle_w) * dur_s / tokens)
-        assert idle_term <= 0.01 * theirs, (idle_term, theirs)
+        true_j = truth.windows(head) / 1e3
+        theirs = np.median((true_j - true_idle_w * dur_s) / tokens)
+        idle_term = abs(measured - true_idle_w) * dur_s / tokens
+        assert np.median(idle_term) <= 0.01 * theirs, (idle_term, theirs)
         if (head["phase"] == "generate").all():
-            assert ours == pytest.approx(theirs, rel=0.01), (ours, theirs)
+            (point,) = summary[summary["scenario"] == "inference"].itertuples()
+            ours = point.energy_per_output_token_idle_adjusted_j
+            # It is its measured terms composed: window energy - idle power x window length.
+            composed = np.median((head["gpu_energy_mj"] / 1e3 - measured * dur_s) / tokens)
+            assert ours == pytest.approx(composed, rel=1e-9), (ours, composed)
+            # |median(x) - median(y)| <= max |x_i - y_i|: each window's two error terms.
+            window_term = WORST_ERROR_S * true_j / dur_s / tokens
+            allowed = (window_term + idle_term).max()
+            assert abs(ours - theirs) <= allowed, (ours, theirs, allowed)
 
 
 @pytest.mark.timeout(600)

@@ -39,7 +39,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from emulated_truth import against_truth, error_s, unflagged
 from test_vllm_real import CONFIG as OFFLINE
 from test_vllm_real import processes_in, tokens
 
@@ -50,6 +49,7 @@ from energysweep.job.sections import Engine, load_section, schema_defaults
 from energysweep.scenarios.serving.probes import SERVER_COUNT_MAX_READ_S
 
 from conftest import shm_left_since, test_env, vllm_python, workflow_copy
+from emulated_truth import against_truth, error_s, unflagged
 
 pytestmark = [pytest.mark.integration]
 

@@ -17,6 +17,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
+from energysweep.hw.emulated.node import identity
+from energysweep.launch import procs
+
+from conftest import test_env, workflow_copy
 from emulated_truth import (
     MULTINODE_FLAGGED_SHARE,
     SLURM_LONG_ERROR_PCT,
@@ -25,11 +30,6 @@ from emulated_truth import (
     against_truth,
     assert_matches_truth,
 )
-
-from energysweep.hw.emulated.node import identity
-from energysweep.launch import procs
-
-from conftest import test_env, workflow_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 

@@ -15,6 +15,11 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from test_vllm_real import processes_in
+
+from energysweep.hw.emulated.node import identity
+
+from conftest import SMALL, test_env, workflow_copy
 from emulated_truth import (
     SLURM_LONG_ERROR_PCT,
     SLURM_RANK_BIAS_S,
@@ -22,11 +27,6 @@ from emulated_truth import (
     against_truth,
     assert_matches_truth,
 )
-from test_vllm_real import processes_in
-
-from energysweep.hw.emulated.node import identity
-
-from conftest import SMALL, test_env, workflow_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
